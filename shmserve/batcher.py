@@ -1,0 +1,202 @@
+"""Batcher process: drains the request ring, validates each request, keeps one
+queue per model, forms dynamic batches and hands them to idle instance workers.
+
+    python -m shmserve.batcher   (started by the coordinator; boot message on stdin)
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+
+import numpy as np
+
+from ._core import now_ns
+from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, Timestamp
+from .repository import ModelSpec
+from .server_maps import ServerMaps, child_setup
+
+L = LAYOUT
+log = logging.getLogger("shmserve.batcher")
+IDLE_CHECK_NS = 100_000_000  # wake at least this often to notice a dead coordinator
+
+
+@dataclasses.dataclass
+class Pending:
+    shadow: int
+    rows: int
+    key: bytes
+    arrived_ns: int
+    arena: object
+    slot_off: int
+
+
+class ModelQueue:
+    def __init__(self, model_id: int, spec: ModelSpec, workers: list[int]):
+        self.model_id = model_id
+        self.spec = spec
+        self.workers = workers
+        self.queue: collections.deque[Pending] = collections.deque()
+        self.max_rows = max(spec.max_batch_size, 1)
+        self.delay_ns = spec.max_queue_delay_us * 1000
+        self.preferred = spec.preferred_batch_sizes
+
+    def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
+        """Triton's dynamic batching rules, on the queue's head.
+
+        Returns (batch, None) when a batch should go now, or (None, deadline_ns)
+        when it is worth waiting for more requests until deadline_ns."""
+        head = self.queue[0]
+        if not self.spec.dynamic_batching:
+            return [self.queue.popleft()], None
+        picked, rows, prefix_ok = [], 0, []
+        for p in self.queue:
+            if p.key != head.key:
+                continue  # different shapes never share a batch
+            if rows + p.rows > self.max_rows or len(picked) == MAX_BATCH_REQUESTS:
+                break
+            picked.append(p)
+            rows += p.rows
+            if rows in self.preferred:
+                prefix_ok.append(len(picked))
+        full = rows >= self.max_rows or len(picked) < self._compatible_count(head.key)
+        expired = now_ns - head.arrived_ns >= self.delay_ns
+        if self.preferred and prefix_ok and (full or expired or rows >= self.preferred[-1]):
+            picked = picked[:prefix_ok[-1]]
+        elif not (full or expired):
+            return None, head.arrived_ns + self.delay_ns
+        for p in picked:
+            self.queue.remove(p)
+        return picked, None
+
+    def _compatible_count(self, key: bytes) -> int:
+        return sum(1 for p in self.queue if p.key == key)
+
+
+class Batcher:
+    def __init__(self, boot: dict):
+        self.maps = ServerMaps(boot)
+        self.n_models = boot["n_models"]
+        self.models: list[ModelQueue] = []
+        for model_id, d in enumerate(boot["models"]):
+            workers = [w for w, m in enumerate(boot["worker_models"]) if m == model_id]
+            self.models.append(ModelQueue(model_id, ModelSpec.from_dict(d), workers))
+        self.stalled_since: dict[int, int] = {}
+
+    # -- 1. take every published request from the ring ------------------------
+    def drain_ring(self) -> bool:
+        ctl, layout = self.maps.ctl, self.maps.layout
+        took = False
+        while True:
+            entry = ctl.ring_pop()
+            if entry is None:
+                return took
+            if isinstance(entry, int):  # head claimed, not published yet
+                if not self.maybe_reclaim(entry):
+                    return took
+                continue
+            took = True
+            self.take(*entry)
+
+    def take(self, client_id: int, slot: int, gen: int) -> None:
+        """Claims, copies and validates one request; answers it at once if invalid."""
+        layout = self.maps.layout
+        if client_id >= layout.max_clients or slot >= layout.slots_per_client:
+            return  # malformed entry: there is no slot to answer
+        state, lease, _, _ = self.maps.client_entry(client_id)
+        mapped = self.maps.arena(client_id, lease)
+        if mapped is None:
+            return  # the lease ended: nobody to answer
+        arena, alayout = mapped
+        slot_off = alayout.slot(slot)
+        try:
+            taken = arena.ops.take(slot_off, slot, gen, client_id, lease, self.maps.srv,
+                                   layout.shadow(client_id, slot), layout.models_offset,
+                                   self.n_models, alayout.data_offset)
+        except (IndexError, ValueError) as e:  # arena header destroyed by its owner
+            log.warning("client %d: unusable request descriptor: %s", client_id, e)
+            return
+        if taken is None:
+            return  # stale or duplicate entry
+        if isinstance(taken[1], str):
+            status, msg = taken
+            model_id = arena.ops.load32(slot_off + L["slot.request"])
+            if model_id < self.n_models:
+                self.maps.model_add(model_id, "request_failure", 1)
+            arena.ops.complete(slot_off, gen, status, msg, [])
+            return
+        model_id, rows, key = taken
+        self.models[model_id].queue.append(
+            Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off))
+
+    def maybe_reclaim(self, owner: int) -> bool:
+        """The ring head is claimed by `owner`: skip it if that lease is dead."""
+        if owner >= self.maps.layout.max_clients:
+            return False
+        state, _, _, _ = self.maps.client_entry(owner)
+        if state == ClientState.ALIVE:  # it will publish
+            return False
+        return self.maps.ctl.ring_reclaim(owner)
+
+    # -- 2. hand batches to idle workers ---------------------------------------
+    def dispatch(self) -> int | None:
+        """Returns the earliest deadline at which a waiting batch must go."""
+        srv, layout = self.maps.srv, self.maps.layout
+        deadline = None
+        now = now_ns()
+        for q in self.models:
+            for w in q.workers:
+                if not q.queue:
+                    break
+                mb = layout.mailbox(w)
+                if srv.load32(mb + L["mailbox.state"]) != 0 or srv.load32(mb + L["mailbox.pid"]) == 0:
+                    continue
+                batch, wait_until = q.next_batch(now)
+                if batch is None:
+                    deadline = wait_until if deadline is None else min(deadline, wait_until)
+                    break
+                self.hand_over(q, w, batch, now)
+        return deadline
+
+    def hand_over(self, q: ModelQueue, worker: int, batch: list[Pending], now: int) -> None:
+        srv, mb = self.maps.srv, self.maps.layout.mailbox(worker)
+        shadows = np.frombuffer(self.maps.server.buffer, np.uint32, len(batch), mb + L["mailbox.shadow"])
+        shadows[:] = [p.shadow for p in batch]
+        del shadows
+        srv.store32(mb + L["mailbox.model_id"], q.model_id)
+        srv.store32(mb + L["mailbox.n"], len(batch))
+        queue_ns = 0
+        for p in batch:
+            p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)
+            queue_ns += now - p.arrived_ns
+        self.maps.model_add(q.model_id, "queue_ns", queue_ns)
+        # SYNC POINT: pairs with the worker's doorbell_wait on its mailbox state.
+        srv.store32(mb + L["mailbox.state"], 1)
+        if srv.load32(mb + L["mailbox.worker_sleeping"]):
+            srv.wake(mb + L["mailbox.state"], 1)
+
+    # -- 3. the loop -------------------------------------------------------------
+    def serve_forever(self) -> None:
+        ctl = self.maps.ctl
+        bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
+        while True:
+            seen = ctl.load32(bell)
+            self.drain_ring()
+            deadline = self.dispatch()
+            timeout = IDLE_CHECK_NS if deadline is None else max(0, deadline - now_ns())
+            # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
+            if not ctl.doorbell_wait(bell, sleeping, seen, self.maps.spin_ns, timeout):
+                if deadline is None and not self.maps.parent_alive():
+                    return
+
+
+
+def main() -> None:
+    boot = child_setup("batcher")
+    logging.basicConfig(level=boot.get("log_level", "INFO"), format="[shmserve batcher] %(message)s")
+    Batcher(boot).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
+

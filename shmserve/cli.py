@@ -1,0 +1,147 @@
+"""The `shmserve` command: serve, models, infer."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .errors import ShmServeError
+from .segments import DEFAULT_NAME
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def cmd_serve(args) -> int:
+    from .coordinator import ServeOptions, run
+
+    return run(ServeOptions(model_repository=args.model_repository, name=args.name,
+                            max_clients=args.max_clients, slots_per_client=args.slots_per_client,
+                            max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
+                            log_level=args.log_level.upper()))
+
+
+def cmd_models(args) -> int:
+    from .client import Client
+
+    with Client(args.name, arena_bytes=1 << 16) as c:
+        stats = {(s["name"], s["version"]): s for s in c.statistics()}
+        print(f"{'model':<20} {'version':>7}  {'state':<10} {'backend':<12} {'max_batch':>9} "
+              f"{'requests':>9} {'executions':>10}  batches by size")
+        for m in c.models():
+            s = stats.get((m["name"], m["version"]), {})
+            hist = " ".join(f"{k}:{v}" for k, v in sorted(s.get("batch_requests", {}).items(), key=lambda kv: int(kv[0])))
+            print(f"{m['name']:<20} {m['version']:>7}  {m['state'][:10]:<10} {m['platform']:<12} "
+                  f"{m['max_batch_size']:>9} {s.get('request_success', 0):>9} "
+                  f"{s.get('execution_count', 0):>10}  {hist}")
+            if not m["state"].startswith("READY"):
+                print(f"    {m['state']}")
+    return 0
+
+
+def _make_input(spec: dict, value: str, batch: int, max_batch: int, rng) -> np.ndarray:
+    from .protocol import DTYPE_CODES, numpy_dtype
+
+    if value != "random" and value != "zeros":
+        return np.load(value, allow_pickle=False)
+    shape = list(spec["shape"])
+    if max_batch > 0:
+        shape[0] = batch
+    if any(d < 0 for d in shape):
+        raise SystemExit(f"input '{spec['name']}' has variable dims {spec['shape']}: give a .npy file "
+                         "or --shape NAME=d1,d2")
+    dtype = spec["datatype"]
+    if dtype == "BYTES":
+        return np.array([str(i).encode() for i in range(int(np.prod(shape)))], dtype=object).reshape(shape)
+    dt = numpy_dtype(DTYPE_CODES[dtype])
+    if value == "zeros":
+        return np.zeros(shape, dt)
+    if dt.kind == "f":
+        return rng.standard_normal(shape).astype(dt)
+    if dt.kind == "b":
+        return rng.integers(0, 2, shape).astype(dt)
+    return rng.integers(0, 100, shape).astype(dt)
+
+
+def cmd_infer(args) -> int:
+    from .client import Client
+
+    rng = np.random.default_rng(0)
+    with Client(args.name) as c:
+        meta = c.model_metadata(args.model, args.version)
+        given = dict(kv.split("=", 1) for kv in args.input)
+        shapes = {k: [int(d) for d in v.split(",")] for k, v in
+                  (kv.split("=", 1) for kv in args.shape)}
+        inputs = {}
+        for spec in meta["inputs"]:
+            spec = dict(spec)
+            if spec["name"] in shapes:
+                spec["shape"] = ([-1] if meta["max_batch_size"] > 0 else []) + shapes[spec["name"]]
+            inputs[spec["name"]] = _make_input(spec, given.get(spec["name"], "random"), args.batch,
+                                               meta["max_batch_size"], rng)
+        latencies = []
+        result = None
+        for _ in range(args.repeat):
+            t0 = time.perf_counter_ns()
+            result = c.infer(args.model, inputs, version=args.version, copy=True)
+            latencies.append((time.perf_counter_ns() - t0) / 1000)
+        np.set_printoptions(threshold=32, edgeitems=4)
+        print(f"model '{result.model_name}' version {result.model_version}")
+        for name, arr in result.items():
+            print(f"{name} {arr.dtype} {list(arr.shape)}:\n{arr}")
+        lat = np.array(latencies)
+        print(f"latency over {len(lat)} request(s): p50 {np.percentile(lat, 50):.1f} us, "
+              f"p99 {np.percentile(lat, 99):.1f} us, min {lat.min():.1f} us")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="shmserve", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("serve", help="serve a model repository")
+    s.add_argument("--model-repository", required=True, help="Triton-style model repository")
+    s.add_argument("--name", default=DEFAULT_NAME, help="instance name (several servers per host)")
+    s.add_argument("--max-clients", type=int, default=64, help="client leases at once")
+    s.add_argument("--slots-per-client", type=int, default=32, help="requests in flight per client")
+    s.add_argument("--max-arena-bytes", type=_size, default=1 << 30,
+                   help="largest arena a client may ask for (e.g. 256M)")
+    s.add_argument("--spin-us", type=int, default=50,
+                   help="microseconds a waiting process spins before it sleeps on a futex")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(fn=cmd_serve)
+
+    m = sub.add_parser("models", help="list loaded models, their state and statistics")
+    m.add_argument("--name", default=DEFAULT_NAME)
+    m.set_defaults(fn=cmd_models)
+
+    i = sub.add_parser("infer", help="send one request and print outputs and latency")
+    i.add_argument("model")
+    i.add_argument("--input", action="append", default=[], metavar="NAME=file.npy|random|zeros")
+    i.add_argument("--shape", action="append", default=[], metavar="NAME=d1,d2",
+                   help="shape (without batch) for inputs with -1 dims")
+    i.add_argument("--batch", type=int, default=1, help="batch size for generated inputs")
+    i.add_argument("--version", type=int, default=None)
+    i.add_argument("--repeat", type=int, default=1, help="send it this many times (latency)")
+    i.add_argument("--name", default=DEFAULT_NAME)
+    i.set_defaults(fn=cmd_infer)
+
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except ShmServeError as e:
+        print(f"shmserve: {type(e).__name__}: {e.msg}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,542 @@
+"""The Python client: maps the server's segments, writes requests into its own
+arena, pushes them on the ring and waits on a futex for the answer.
+
+    with shmserve.Client() as c:
+        out = c.infer("simple", {"INPUT0": a, "INPUT1": b})
+        print(out["OUTPUT0"])          # a view of shared memory, valid while `out` lives
+"""
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import concurrent.futures
+import math
+import os
+import socket
+import threading
+import weakref
+
+import numpy as np
+
+from . import errors
+from . import protocol as P
+from .arena import ArenaAllocator, ArenaFull
+from .protocol import LAYOUT as L
+from .segments import DEFAULT_NAME, Segment, pid_alive, socket_path
+
+WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
+
+
+class InferResult(collections.abc.Mapping):
+    """Outputs by name. Arrays are views of the caller's arena: they stay valid as long
+    as any of them (or this object) is referenced, or until release()."""
+
+    def __init__(self, arrays: dict, timestamps: tuple, model: str, version: int, blocks: list):
+        self._arrays = arrays
+        self.timestamps_ns = timestamps  # see protocol.Timestamp
+        self.model_name = model
+        self.model_version = version
+        self._blocks = blocks
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        """tritonclient-style accessor."""
+        return self._arrays.get(name)
+
+    def release(self) -> None:
+        """Returns the output memory to the arena now. Arrays taken from this result
+        must not be used afterwards."""
+        for finalizer in self._blocks:
+            finalizer()
+        self._blocks = []
+        self._arrays = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
+        return f"InferResult({self.model_name}, {{{inner}}})"
+
+
+class _Request:
+    __slots__ = ("slot", "generation", "model", "meta", "inputs", "outputs", "owned", "future",
+                 "copy", "retried", "out_names", "t_submit")
+
+
+class Client:
+    """A lease on a running server. Thread-safe; one per process is enough.
+
+    name:        the server's instance name (`shmserve serve --name`), default "default"
+    arena_bytes: size of this client's shared arena (inputs and outputs in flight)
+    """
+
+    def __init__(self, name: str = DEFAULT_NAME, *, socket_path_: str | None = None,
+                 arena_bytes: int | None = None, spin_us: int | None = None):
+        self.name = name
+        path = socket_path_ or str(socket_path(name))
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(path)
+        except OSError as e:
+            self._sock.close()
+            raise errors.ServerDeadError(
+                f"no shmserve server named '{name}' is running (control socket {path}: "
+                f"{e.strerror}); start one with `shmserve serve`") from None
+        self._sock_lock = threading.Lock()
+        hello = self._call(P.OP_HELLO, version=P.PROTOCOL_VERSION, pid=os.getpid(),
+                           arena_bytes=arena_bytes or 0)
+        self.client_id = hello["client_id"]
+        self.server_pid = hello["server_pid"]
+        self._spin_ns = int((hello["spin_us"] if spin_us is None else spin_us) * 1000)
+        self._control = Segment(hello["control"])
+        self._arena = Segment(hello["arena"], hello["arena_bytes"])
+        self._ctl, self._ops = self._control.ops, self._arena.ops
+        self._buf = self._arena.buffer
+        self._slots_offset = hello["slots_offset"]
+        self._alloc = ArenaAllocator(hello["data_offset"], hello["arena_bytes"])
+        self._lock = threading.Lock()
+        self._slot_free = threading.Condition(self._lock)
+        self._free_slots = list(range(hello["n_slots"] - 1, -1, -1))
+        self._generations = [0] * hello["n_slots"]
+        self._inflight: dict[int, _Request] = {}
+        self._orphans: set[int] = set()
+        self._models: dict[tuple[str, int | None], dict] = {}
+        self._remember_models(hello["models"])
+        self._poller: threading.Thread | None = None
+        self._closed = False
+        self._arena_base = np.frombuffer(self._buf, np.uint8).ctypes.data
+
+    # -- control plane ------------------------------------------------------------
+    def _call(self, op: str, **fields) -> dict:
+        with self._sock_lock:
+            try:
+                self._sock.sendall(P.pack_frame({"op": op, **fields}))
+                reply = P.recv_frame(self._sock)
+            except (OSError, ConnectionError) as e:
+                raise errors.ServerDeadError(f"server '{self.name}' is gone ({e})") from None
+        if not reply.get("ok"):
+            raise errors.from_status(reply.get("code", P.Status.INTERNAL), reply.get("error", "?"))
+        return reply
+
+    def _remember_models(self, models: list[dict]) -> None:
+        for m in models:
+            self._models[(m["name"], m["version"])] = m
+            latest = self._models.get((m["name"], None))
+            if latest is None or latest["version"] < m["version"]:
+                self._models[(m["name"], None)] = m
+
+    def _model(self, name: str, version) -> dict:
+        key = (name, int(version) if version not in (None, "", -1) else None)
+        meta = self._models.get(key)
+        if meta is None:  # the server words the error (unknown model or version)
+            meta = self._call(P.OP_METADATA, model=name, version=key[1])
+            self._remember_models([meta])
+        return meta
+
+    def models(self) -> list[dict]:
+        """Every loaded (model, version) with its state."""
+        return self._call(P.OP_MODELS)["models"]
+
+    def model_metadata(self, model: str, version: int | None = None) -> dict:
+        reply = self._call(P.OP_METADATA, model=model, version=version)
+        reply.pop("ok", None)
+        return reply
+
+    def model_config(self, model: str, version: int | None = None) -> str:
+        """config.pbtxt as the server parsed it (protobuf text format)."""
+        return self._call(P.OP_CONFIG, model=model, version=version)["config"]
+
+    def statistics(self, model: str | None = None) -> list[dict]:
+        """Per-model counters, including batches by number of requests."""
+        return self._call(P.OP_STATS, model=model)["models"]
+
+    # -- arena ------------------------------------------------------------------------
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        """An array that lives in this client's shared arena: pass it to infer() and
+        no input byte is copied. Its memory returns to the arena when it is freed."""
+        dtype = np.dtype(dtype)
+        if dtype.kind in "OSU":
+            raise TypeError("empty() holds fixed-size types only; BYTES inputs are encoded by infer()")
+        shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
+        nbytes = int(math.prod(shape)) * dtype.itemsize
+        offset = self._alloc_or_raise(nbytes, "empty()")
+        flat = np.frombuffer(self._buf, dtype, nbytes // dtype.itemsize, offset)
+        weakref.finalize(flat, self._alloc.free, offset, nbytes)
+        return flat.reshape(shape)
+
+    def _alloc_or_raise(self, nbytes: int, what: str) -> int:
+        if nbytes > self._alloc.capacity:
+            raise errors.InvalidArgumentError(
+                f"{what} needs {nbytes} bytes but this client's arena holds "
+                f"{self._alloc.capacity} (Client(arena_bytes=...); server limit --max-arena-bytes)")
+        while True:
+            try:
+                return self._alloc.alloc(nbytes)
+            except ArenaFull:
+                if not self._wait_any_completion():
+                    raise errors.BusyError(
+                        f"{what} needs {nbytes} bytes and the arena is full "
+                        f"({self._alloc.used} of {self._alloc.capacity} bytes held by outputs "
+                        "still referenced); release results or use a larger arena") from None
+
+    def _in_arena(self, arr: np.ndarray) -> int | None:
+        """Offset of `arr` in the arena if it is a contiguous view of it, else None."""
+        if not arr.flags.c_contiguous or arr.dtype.kind in "OSU":
+            return None
+        offset = arr.__array_interface__["data"][0] - self._arena_base
+        if self._alloc.begin <= offset and offset + arr.nbytes <= self._alloc.end and offset % P.DATA_ALIGN == 0:
+            return offset
+        return None
+
+    # -- requests -------------------------------------------------------------------------
+    def infer(self, model: str, inputs, outputs=None, version: int | None = None,
+              timeout: float | None = None, copy: bool = False) -> InferResult:
+        """Runs one request and waits for it. inputs: {name: array} (or a list in the
+        model's input order); outputs: names to return (default: all). With copy=True
+        the outputs are private copies and the arena is released at once."""
+        req = self._submit(model, inputs, outputs, version, copy, with_future=False)
+        return self._wait(req, timeout)
+
+    def submit(self, model: str, inputs, outputs=None, version: int | None = None,
+               copy: bool = False) -> concurrent.futures.Future:
+        """Sends a request and returns at once; the Future resolves to an InferResult.
+        Many requests may be in flight from one caller (up to the slots of the lease)."""
+        req = self._submit(model, inputs, outputs, version, copy, with_future=True)
+        self._ensure_poller()
+        return req.future
+
+    async def infer_async(self, model: str, inputs, outputs=None, version: int | None = None,
+                          copy: bool = False) -> InferResult:
+        """asyncio form of infer()."""
+        return await asyncio.wrap_future(self.submit(model, inputs, outputs, version, copy))
+
+    def _submit(self, model, inputs, outputs, version, copy, with_future) -> _Request:
+        if self._closed:
+            raise errors.ServerDeadError("client is closed")
+        if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
+            raise errors.ServerDeadError(f"server '{self.name}' has stopped")
+        meta = self._model(model, version)
+        req = _Request()
+        req.model, req.meta, req.copy, req.retried = model, meta, copy, False
+        req.future = concurrent.futures.Future() if with_future else None
+        req.owned = []
+        try:
+            req.inputs = self._encode_inputs(meta, inputs, req.owned)
+            req.out_names = self._output_names(meta, outputs)
+            req.outputs = self._reserve_outputs(meta, req, None)
+            self._send(req)
+        except BaseException:
+            self._free_blocks(req.owned)
+            raise
+        return req
+
+    def _encode_inputs(self, meta, inputs, owned: list) -> list:
+        specs = meta["inputs"]
+        names = [t["name"] for t in specs]
+        if not isinstance(inputs, collections.abc.Mapping):
+            inputs = dict(zip(names, inputs))
+        refs = []
+        for name, value in inputs.items():
+            if name not in names:
+                raise errors.InvalidArgumentError(
+                    f"model '{meta['name']}' has no input '{name}' (inputs: {', '.join(names)})")
+            index = names.index(name)
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+            try:
+                code = P.dtype_code(arr.dtype)
+            except TypeError as e:
+                raise errors.InvalidArgumentError(f"model '{meta['name']}' input '{name}': {e}") from None
+            if code == P.DTYPE_CODES["BYTES"]:
+                data = P.encode_bytes(arr)
+                offset = self._alloc_or_raise(len(data), f"input '{name}'")
+                owned.append((offset, len(data)))
+                self._buf[offset:offset + len(data)] = data
+                refs.append((index, code, offset, len(data), arr.shape))
+                continue
+            offset = self._in_arena(arr)
+            if offset is None:  # the one copy on the way in
+                offset = self._alloc_or_raise(arr.nbytes, f"input '{name}' of model '{meta['name']}'")
+                owned.append((offset, arr.nbytes))
+                dst = np.frombuffer(self._buf, arr.dtype, arr.size, offset).reshape(arr.shape)
+                np.copyto(dst, arr, casting="no")
+            refs.append((index, code, offset, arr.nbytes, arr.shape))
+        return refs
+
+    @staticmethod
+    def _output_names(meta, outputs) -> list[str]:
+        names = [t["name"] for t in meta["outputs"]]
+        if outputs is None:
+            return names
+        if isinstance(outputs, str):
+            outputs = [outputs]
+        for name in outputs:
+            if name not in names:
+                raise errors.InvalidArgumentError(
+                    f"model '{meta['name']}' has no output '{name}' (outputs: {', '.join(names)})")
+        return list(outputs)
+
+    def _reserve_outputs(self, meta, req: _Request, needed: dict | None) -> list:
+        """Output buffers: exact when the config fixes the shape, otherwise a guess
+        (the input size); a too-small guess is retried once with the size the server
+        reports."""
+        rows = 1
+        batched = meta["max_batch_size"] > 0
+        if batched and req.inputs:
+            rows = req.inputs[0][4][0] if req.inputs[0][4] else 1
+        in_bytes = sum(r[3] for r in req.inputs)
+        refs = []
+        for name in req.out_names:
+            index = next(i for i, t in enumerate(meta["outputs"]) if t["name"] == name)
+            spec = meta["outputs"][index]
+            dims = spec["shape"][1:] if batched else spec["shape"]
+            if needed and index in needed:
+                nbytes = needed[index]
+            elif spec["datatype"] != "BYTES" and all(d >= 0 for d in dims):
+                itemsize = P.numpy_dtype(P.DTYPE_CODES[spec["datatype"]]).itemsize
+                nbytes = rows * int(math.prod(dims)) * itemsize
+            else:
+                nbytes = max(in_bytes, 4096)
+            offset = self._alloc_or_raise(nbytes, f"output '{name}' of model '{meta['name']}'")
+            req.owned.append((offset, nbytes))
+            refs.append((index, 0, offset, nbytes, ()))
+        return refs
+
+    def _send(self, req: _Request) -> None:
+        slot = self._acquire_slot()
+        gen = (self._generations[slot] + 1) & 0xFFFFFFFF
+        self._generations[slot] = gen
+        req.slot, req.generation = slot, gen
+        slot_off = self._slots_offset + slot * P.SLOT_BYTES
+        with self._lock:
+            self._inflight[slot] = req
+        self._ops.write_request(slot_off, gen, req.meta["id"], req.inputs, req.outputs)
+        rc = self._ctl.ring_push(self.client_id, slot, gen)
+        if rc != P.RingResult.OK:
+            with self._lock:
+                del self._inflight[slot]
+            self._ops.store32(slot_off, P.SlotState.FREE)
+            self._release_slot(slot)
+            if rc == P.RingResult.FULL:
+                raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
+            raise errors.ServerDeadError("the server revoked this client's lease")
+        # SYNC POINT: wakes the batcher sleeping in doorbell_wait on control.doorbell.
+        self._ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+
+    def _acquire_slot(self) -> int:
+        with self._slot_free:
+            while not self._free_slots:
+                self._reap_orphans()
+                if self._free_slots:
+                    break
+                self._slot_free.wait(0.05)
+                self._check_server()
+            return self._free_slots.pop()
+
+    def _release_slot(self, slot: int) -> None:
+        with self._slot_free:
+            self._free_slots.append(slot)
+            self._slot_free.notify()
+
+    def _reap_orphans(self) -> None:
+        """Slots whose caller gave up (timeout) come back once the server answered."""
+        for slot in list(self._orphans):
+            if self._ops.load32(self._slots_offset + slot * P.SLOT_BYTES) == P.SlotState.DONE:
+                self._orphans.discard(slot)
+                req = self._inflight.pop(slot, None)
+                if req:
+                    self._free_blocks(req.owned)
+                self._free_slots.append(slot)
+
+    # -- completion ----------------------------------------------------------------------
+    def _check_server(self) -> None:
+        if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
+            raise errors.ServerDeadError(f"server '{self.name}' has stopped")
+        if not pid_alive(self.server_pid):
+            raise errors.ServerDeadError(f"server '{self.name}' (pid {self.server_pid}) died")
+
+    def _done(self, req: _Request) -> bool:
+        off = self._slots_offset + req.slot * P.SLOT_BYTES
+        return self._ops.load32(off) == P.SlotState.DONE
+
+    def _wait(self, req: _Request, timeout: float | None) -> InferResult:
+        deadline = None if timeout is None else self._now() + int(timeout * 1e9)
+        spin = self._spin_ns
+        while True:
+            seen = self._ops.load32(L["arena.completions"])
+            if self._done(req):
+                result = self._finish(req)
+                if isinstance(result, _Request):  # resent with bigger outputs
+                    req = result
+                    continue
+                return result
+            slice_ns = WAIT_SLICE_NS
+            if deadline is not None:
+                left = deadline - self._now()
+                if left <= 0:
+                    self._abandon(req)
+                    raise errors.ServerTimeoutError(
+                        f"model '{req.model}': no answer within {timeout} s")
+                slice_ns = min(slice_ns, left)
+            # SYNC POINT: woken by the worker's doorbell_ring on arena.completions.
+            if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
+                                           spin, slice_ns):
+                try:
+                    self._check_server()
+                except errors.ServerDeadError:
+                    self._abandon(req)
+                    raise
+
+    def _abandon(self, req: _Request) -> None:
+        with self._lock:
+            self._orphans.add(req.slot)
+
+    def _finish(self, req: _Request):
+        """Reads a DONE slot: returns an InferResult, raises the request's error, or
+        returns a resent request when an output buffer was too small."""
+        slot_off = self._slots_offset + req.slot * P.SLOT_BYTES
+        status, message, results, stamps = self._ops.read_result(slot_off)
+        stamps = stamps[:P.Timestamp.CLIENT_WAKE] + (self._now(),)
+        with self._lock:
+            self._inflight.pop(req.slot, None)
+        self._ops.store32(slot_off, P.SlotState.FREE)
+        self._release_slot(req.slot)
+        input_blocks = req.owned[:len(req.owned) - len(req.outputs)]
+        output_blocks = req.owned[len(input_blocks):]
+        if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
+            needed = {r[0]: r[3] for r in results}
+            self._free_blocks(output_blocks)
+            req.owned = input_blocks
+            req.retried = True
+            req.outputs = self._reserve_outputs(req.meta, req, needed)
+            self._send(req)
+            return req
+        self._free_blocks(input_blocks)
+        if status != P.Status.OK:
+            self._free_blocks(output_blocks)
+            raise errors.from_status(status, message)
+        arrays, finalizers = {}, []
+        names = {i: t["name"] for i, t in enumerate(req.meta["outputs"])}
+        blocks = dict(output_blocks)
+        for index, dtype, offset, nbytes, shape in results:
+            if offset not in blocks or nbytes > blocks[offset]:
+                self._free_blocks(output_blocks)
+                raise errors.BadDescriptorError(f"model '{req.model}': server answered with an "
+                                                "output outside the buffers it was given")
+            if dtype == P.DTYPE_CODES["BYTES"]:
+                arrays[names[index]] = P.decode_bytes(self._buf[offset:offset + nbytes], shape)
+                continue
+            dt = P.numpy_dtype(dtype)
+            flat = np.frombuffer(self._buf, dt, nbytes // dt.itemsize, offset)
+            if req.copy:
+                arrays[names[index]] = flat.reshape(shape).copy()
+                continue
+            # Views of `flat` keep it alive; its memory returns to the arena after the last.
+            finalizers.append(weakref.finalize(flat, self._alloc.free, offset, blocks.pop(offset)))
+            arrays[names[index]] = flat.reshape(shape)
+        self._free_blocks(list(blocks.items()))  # copied, BYTES or unreturned outputs
+        result = InferResult(arrays, stamps, req.meta["name"], req.meta["version"], finalizers)
+        if req.future is not None:
+            req.future.set_result(result)
+        return result
+
+    def _free_blocks(self, blocks) -> None:
+        for offset, nbytes in blocks:
+            self._alloc.free(offset, nbytes)
+
+    def _wait_any_completion(self) -> bool:
+        """Waits for one in-flight request of this client to finish (arena pressure).
+        Returns False if nothing is in flight."""
+        with self._lock:
+            pending = [r for r in self._inflight.values() if r.future is not None]
+            if not self._inflight:
+                return False
+        seen = self._ops.load32(L["arena.completions"])
+        if pending and any(self._done(r) for r in pending):
+            self._collect()
+            return True
+        self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen, self._spin_ns,
+                                WAIT_SLICE_NS)
+        self._collect()
+        return True
+
+    # -- futures: one poller thread resolves submitted requests --------------------------
+    def _ensure_poller(self) -> None:
+        with self._lock:
+            if self._poller is None or not self._poller.is_alive():
+                self._poller = threading.Thread(target=self._poll, name="shmserve-completions",
+                                                daemon=True)
+                self._poller.start()
+
+    def _collect(self) -> bool:
+        with self._lock:
+            ready = [r for r in self._inflight.values()
+                     if r.future is not None and r.slot not in self._orphans and self._done(r)]
+        for req in ready:
+            try:
+                self._finish(req)
+            except errors.ShmServeError as e:
+                req.future.set_exception(e)
+        with self._lock:
+            return any(r.future is not None for r in self._inflight.values())
+
+    def _poll(self) -> None:
+        while not self._closed:
+            seen = self._ops.load32(L["arena.completions"]) if self._ops else 0
+            if not self._collect():
+                return
+            if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
+                                           self._spin_ns, WAIT_SLICE_NS):
+                try:
+                    self._check_server()
+                except errors.ServerDeadError as e:
+                    self._fail_all(e)
+                    return
+
+    def _fail_all(self, exc: Exception) -> None:
+        with self._lock:
+            pending = [r for r in self._inflight.values() if r.future is not None]
+        for req in pending:
+            if not req.future.done():
+                req.future.set_exception(exc)
+
+    @staticmethod
+    def _now() -> int:
+        return P.now_ns()
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Ends the lease: the server reclaims the arena. Output arrays still referenced
+        keep their mapping alive until they are freed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_all(errors.ServerDeadError("client closed"))
+        try:
+            self._sock.close()
+        finally:
+            self._control.close()
+            self._arena.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

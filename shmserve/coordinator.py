@@ -1,0 +1,440 @@
+"""Coordinator process (`shmserve serve`): reads the repository, creates the
+segments, starts and supervises the batcher and the workers, and serves the control
+socket (one connection = one client lease). It never touches tensor bytes.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+from . import protocol as P
+from .errors import ConfigError, ShmServeError, ShmSpaceError
+from .protocol import LAYOUT as L
+from .repository import ModelSpec, load_repository
+from .segments import (ArenaLayout, Segment, ServerLayout, control_ring_offset, control_size,
+                       new_prefix, pid_alive, read_record, record_path, remove_segments,
+                       socket_path, unlink_quietly, write_record)
+
+log = logging.getLogger("shmserve.coordinator")
+LEASE_QUARANTINE_S = 5.0  # a dead lease's id is not reused before in-flight work drains
+
+
+@dataclasses.dataclass
+class ServeOptions:
+    model_repository: str
+    name: str = "default"
+    max_clients: int = 64
+    slots_per_client: int = 32
+    default_arena_bytes: int = 32 << 20
+    max_arena_bytes: int = 1 << 30
+    spin_us: int = 50
+    load_timeout_s: float = 120.0
+    log_level: str = "INFO"
+
+
+class AlreadyRunningError(ShmServeError):
+    pass
+
+
+@dataclasses.dataclass
+class Child:
+    role: str  # "batcher" or "worker"
+    boot: dict
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+
+class Coordinator:
+    def __init__(self, opts: ServeOptions):
+        self.opts = opts
+        self.specs: list[ModelSpec] = []
+        self.model_state: dict[int, str] = {}  # READY / UNAVAILABLE: reason
+        self.children: list[Child] = []
+        self.control: Segment | None = None
+        self.server: Segment | None = None
+        self.layout: ServerLayout | None = None
+        self.leases: dict[int, dict] = {}
+        self.dead_since: dict[int, float] = {}
+        self.prefix = new_prefix()
+        self.sock_path = socket_path(opts.name)
+        self._arena_counter = 0
+
+    # -- 1. start: name check, repository, segments, children --------------------
+    def claim_name(self) -> None:
+        """Refuses a second live server of the same name; cleans a dead one's leftovers."""
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(self.sock_path))
+        except OSError:
+            pass
+        else:
+            rec = read_record(self.opts.name) or {}
+            raise AlreadyRunningError(
+                f"a shmserve server named '{self.opts.name}' is already running "
+                f"(pid {rec.get('pid', '?')}, socket {self.sock_path}); stop it or use --name")
+        finally:
+            s.close()
+        rec = read_record(self.opts.name)
+        if rec and not pid_alive(rec.get("pid", 0)):
+            removed = remove_segments(rec["prefix"])
+            if removed:
+                log.info("cleaned %d segments of a dead server (pid %s)", len(removed), rec["pid"])
+        self.sock_path.unlink(missing_ok=True)
+
+    def create_segments(self) -> None:
+        o = self.opts
+        n_workers = sum(s.instance_count for s in self.specs)
+        self.layout = ServerLayout(o.max_clients, o.slots_per_client, len(self.specs), n_workers)
+        ring = 1
+        while ring < max(o.max_clients * o.slots_per_client, 64):
+            ring <<= 1
+        # Records first, so that a crash from here on can be cleaned by the next start.
+        write_record(o.name, {"pid": os.getpid(), "prefix": self.prefix, "socket": str(self.sock_path)})
+        self.control = Segment(self.prefix + "-ctl", control_size(ring), create=True,
+                               what="control segment (request ring)")
+        self.server = Segment(self.prefix + "-srv", self.layout.size, create=True,
+                              what="server segment (--max-clients x --slots-per-client)")
+        c = self.control.buffer
+        _put(c, 0, "<QIIIIII", L["MAGIC_CONTROL"], L["PROTOCOL_VERSION"], L["control.size"],
+             control_ring_offset(), ring, os.getpid(), 0)
+        _put(c, L["control.segment_bytes"], "<Q", self.control.size)
+        ring_cells = control_ring_offset()
+        for i in range(ring):  # Vyukov: cell i starts free for position i
+            self.control.ops.store64(ring_cells + i * L["ring_cell.size"], i)
+        lay, s = self.layout, self.server.buffer
+        _put(s, 0, "<QIIIIII", L["MAGIC_SERVER"], L["PROTOCOL_VERSION"], lay.max_clients,
+             lay.slots_per_client, lay.n_models, lay.n_workers, 0)
+        _put(s, L["server.clients_offset"], "<QQQQQ", lay.clients_offset, lay.models_offset,
+             lay.shadows_offset, lay.mailboxes_offset, lay.size)
+        for model_id, spec in enumerate(self.specs):
+            self.write_model_entry(model_id, spec)
+
+    def write_model_entry(self, model_id: int, spec: ModelSpec) -> None:
+        off, buf = self.layout.model(model_id), self.server.buffer
+        _put(buf, off, f"{P.NAME_BYTES}s", spec.name.encode())
+        _put(buf, off + L["model.version"], "<qIII", spec.version, spec.max_batch_size,
+             len(spec.inputs), len(spec.outputs))
+        for base, tensors in ((L["model.inputs"], spec.inputs), (L["model.outputs"], spec.outputs)):
+            for i, t in enumerate(tensors):
+                dims = list(t.dims) + [0] * (P.MAX_DIMS - len(t.dims))
+                _put(buf, off + base + i * L["tensor_spec.size"], f"{P.NAME_BYTES}sII{P.MAX_DIMS}q",
+                     t.name.encode(), t.dtype, len(t.dims), *dims)
+
+    def boot_message(self, **extra) -> dict:
+        lay = self.layout
+        return {"control": self.control.name, "server": self.server.name,
+                "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
+                "n_models": lay.n_models, "n_workers": lay.n_workers,
+                "spin_us": self.opts.spin_us, "coordinator_pid": os.getpid(),
+                "log_level": self.opts.log_level, **extra}
+
+    def plan_children(self) -> None:
+        worker_models = [m for m, s in enumerate(self.specs) for _ in range(s.instance_count)]
+        self.children.append(Child("batcher", self.boot_message(
+            models=[s.to_dict() for s in self.specs], worker_models=worker_models)))
+        for index, model_id in enumerate(worker_models):
+            self.children.append(Child("worker", self.boot_message(
+                worker_index=index, model_id=model_id, model=self.specs[model_id].to_dict())))
+
+    def spawn(self, child: Child) -> None:
+        child.proc = subprocess.Popen([sys.executable, "-m", f"shmserve.{child.role}"],
+                                      stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE if child.role == "worker" else None,
+                                      start_new_session=False)
+        child.proc.stdin.write((json.dumps(child.boot) + "\n").encode())
+        child.proc.stdin.close()
+
+    def start_children(self) -> None:
+        for child in self.children:
+            self.spawn(child)
+        # Workers say on stdout whether their model loaded.
+        for child in self.children:
+            if child.role != "worker":
+                continue
+            model_id = child.boot["model_id"]
+            line = child.proc.stdout.readline()
+            try:
+                msg = json.loads(line or b"{}")
+            except ValueError:
+                msg = {}
+            if msg.get("ready"):
+                self.model_state.setdefault(model_id, "READY")
+            else:
+                why = msg.get("error") or f"worker exited with code {child.proc.wait()}"
+                self.model_state[model_id] = f"UNAVAILABLE: {why}"
+                log.error("model '%s' version %d failed to load: %s",
+                          self.specs[model_id].name, self.specs[model_id].version, why)
+            child.proc.stdout.close()
+        for model_id in range(len(self.specs)):
+            ready = self.model_state.get(model_id) == "READY"
+            self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))
+
+    # -- 2. leases ----------------------------------------------------------------
+    def open_lease(self, hello: dict, peer_pid: int, peer_uid: int) -> dict:
+        if hello.get("version") != P.PROTOCOL_VERSION:
+            raise ShmServeError(f"protocol version {hello.get('version')} not supported "
+                                f"(server speaks {P.PROTOCOL_VERSION})", P.Status.INVALID_ARG)
+        want = int(hello.get("arena_bytes") or self.opts.default_arena_bytes)
+        if want <= 0 or want > self.opts.max_arena_bytes:
+            raise ShmServeError(f"arena of {want} bytes refused: this server allows 1 byte to "
+                                f"{self.opts.max_arena_bytes} bytes (--max-arena-bytes)",
+                                P.Status.INVALID_ARG)
+        now = time.monotonic()
+        client_id = None
+        for cid in range(self.layout.max_clients):
+            if cid in self.leases:
+                continue
+            if now - self.dead_since.get(cid, -1e9) < LEASE_QUARANTINE_S:
+                continue
+            client_id = cid
+            break
+        if client_id is None:
+            raise ShmServeError(f"server has {self.opts.max_clients} clients already "
+                                "(--max-clients)", P.Status.BUSY)
+        entry = self.layout.client(client_id)
+        srv = self.server.ops
+        generation = (srv.load32(entry + L["client_entry.generation"]) + 1) & 0xFFFFFFFF
+        alayout = ArenaLayout.for_data(self.layout.slots_per_client, want)
+        self._arena_counter += 1
+        name = f"{self.prefix}-a{client_id}-{self._arena_counter}"
+        arena = Segment(name, alayout.segment_bytes, create=True, what=f"arena of client pid {peer_pid}")
+        _put(arena.buffer, 0, "<QIIIIQQQ", L["MAGIC_ARENA"], L["PROTOCOL_VERSION"], client_id,
+             generation, alayout.n_slots, alayout.slots_offset, alayout.data_offset,
+             alayout.segment_bytes)
+        arena.close()
+        buf = self.server.buffer
+        _put(buf, entry + L["client_entry.pid"], "<IIQ", peer_pid, peer_uid, alayout.segment_bytes)
+        _put(buf, entry + L["client_entry.segment"], f"{P.NAME_BYTES}s", name.encode())
+        srv.store32(entry + L["client_entry.generation"], generation)
+        srv.store32(entry + L["client_entry.state"], P.ClientState.ALIVE)
+        self.leases[client_id] = {"arena": name, "pid": peer_pid}
+        log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
+        return {"client_id": client_id, "generation": generation, "control": self.control.name,
+                "arena": name, "arena_bytes": alayout.segment_bytes,
+                "slots_offset": alayout.slots_offset, "n_slots": alayout.n_slots,
+                "data_offset": alayout.data_offset, "server_pid": os.getpid(),
+                "spin_us": self.opts.spin_us, "models": self.model_list()}
+
+    def close_lease(self, client_id: int) -> None:
+        lease = self.leases.pop(client_id, None)
+        if lease is None:
+            return
+        entry = self.layout.client(client_id)
+        self.server.ops.store32(entry + L["client_entry.state"], P.ClientState.DEAD)
+        self.dead_since[client_id] = time.monotonic()
+        unlink_quietly(lease["arena"])
+        # The head of the ring may hold a claim of this client: let the batcher look.
+        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        log.info("lease %d closed (pid %d)", client_id, lease["pid"])
+
+    # -- 3. control-socket requests ------------------------------------------------
+    def model_list(self) -> list[dict]:
+        out = []
+        for model_id, spec in enumerate(self.specs):
+            meta = spec.metadata(model_id)
+            meta["state"] = self.model_state.get(model_id, "LOADING")
+            out.append(meta)
+        return out
+
+    def find_model(self, name: str, version) -> int:
+        matches = [i for i, s in enumerate(self.specs) if s.name == name]
+        if not matches:
+            known = sorted({s.name for s in self.specs})
+            raise ShmServeError(f"unknown model '{name}' (serving: {', '.join(known)})",
+                                P.Status.NOT_FOUND)
+        if version in (None, "", 0, -1):
+            return max(matches, key=lambda i: self.specs[i].version)
+        for i in matches:
+            if self.specs[i].version == int(version):
+                return i
+        raise ShmServeError(f"model '{name}' has no version {version} "
+                            f"(available: {sorted(self.specs[i].version for i in matches)})",
+                            P.Status.NOT_FOUND)
+
+    def stats(self, name: str | None) -> list[dict]:
+        out = []
+        srv = self.server.ops
+        for model_id, spec in enumerate(self.specs):
+            if name and spec.name != name:
+                continue
+            off = self.layout.model(model_id)
+            row = {"name": spec.name, "version": spec.version,
+                   "state": self.model_state.get(model_id, "LOADING")}
+            for field in ("request_success", "request_failure", "inference_count",
+                          "execution_count", "compute_ns", "queue_ns"):
+                row[field] = srv.load64(off + L[f"model.{field}"])
+            hist = {}
+            for n in range(L["BATCH_HIST"]):
+                v = srv.load64(off + L["model.batch_requests"] + 8 * n)
+                if v:
+                    hist[str(n + 1)] = v
+            row["batch_requests"] = hist
+            out.append(row)
+        return out
+
+    def handle(self, msg: dict, lease: dict) -> dict:
+        op = msg.get("op")
+        if op == P.OP_HELLO:
+            if lease.get("client_id") is not None:
+                raise ShmServeError("hello sent twice on one connection", P.Status.INVALID_ARG)
+            reply = self.open_lease(msg, lease["pid"], lease["uid"])
+            lease["client_id"] = reply["client_id"]
+            return reply
+        if op == P.OP_MODELS:
+            return {"models": self.model_list()}
+        if op == P.OP_METADATA:
+            model_id = self.find_model(msg.get("model", ""), msg.get("version"))
+            meta = self.specs[model_id].metadata(model_id)
+            meta["state"] = self.model_state.get(model_id, "LOADING")
+            return meta
+        if op == P.OP_CONFIG:
+            model_id = self.find_model(msg.get("model", ""), msg.get("version"))
+            return {"config": self.specs[model_id].config_text}
+        if op == P.OP_STATS:
+            return {"models": self.stats(msg.get("model"))}
+        raise ShmServeError(f"unknown control operation {op!r}", P.Status.INVALID_ARG)
+
+    async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        sock = writer.get_extra_info("socket")
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        pid, uid, _ = struct.unpack("<iII", creds)
+        lease = {"pid": pid, "uid": uid, "client_id": None}
+        if uid not in (os.getuid(), 0):
+            writer.close()
+            return
+        try:
+            while True:
+                header = await reader.readexactly(P.FRAME_HEADER.size)
+                (length,) = P.FRAME_HEADER.unpack(header)
+                if length > P.MAX_FRAME_BYTES:
+                    break
+                try:
+                    msg = P.unpack_body(await reader.readexactly(length))
+                    reply = {"ok": True, **self.handle(msg, lease)}
+                except ShmServeError as e:
+                    reply = {"ok": False, "code": int(e.code), "error": e.msg}
+                except (ValueError, TypeError) as e:
+                    reply = {"ok": False, "code": int(P.Status.INVALID_ARG),
+                             "error": f"malformed control message: {e}"}
+                writer.write(P.pack_frame(reply))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            if lease["client_id"] is not None:
+                self.close_lease(lease["client_id"])
+            writer.close()
+
+    # -- 4. supervision and shutdown -------------------------------------------------
+    async def supervise(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            for child in self.children:
+                code = child.proc.poll() if child.proc else None
+                if code is None:
+                    continue
+                if child.role == "worker" and not self.model_state.get(
+                        child.boot["model_id"], "").startswith("READY"):
+                    continue  # never loaded: reported as UNAVAILABLE, not restarted
+                child.restarts += 1
+                delay = min(0.1 * 2 ** child.restarts, 5.0)
+                log.error("%s (pid %d) exited with code %s; restart %d in %.1fs", child.role,
+                          child.proc.pid, code, child.restarts, delay)
+                if child.role == "worker":
+                    mb = self.layout.mailbox(child.boot["worker_index"])
+                    self.server.ops.store32(mb + L["mailbox.pid"], 0)
+                    self.server.ops.store32(mb + L["mailbox.state"], 0)
+                child.proc = None
+                await asyncio.sleep(delay)
+                self.spawn(child)
+                if child.role == "worker":
+                    child.proc.stdout.close()
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+
+    def shutdown(self) -> None:
+        """Stops children, answers nobody (callers see STOPPED), removes every segment."""
+        if self.control is not None:
+            self.control.ops.store32(L["control.server_state"], P.ServerState.STOPPED)
+        for child in self.children:
+            if child.proc and child.proc.poll() is None:
+                child.proc.terminate()
+        deadline = time.monotonic() + 3
+        for child in self.children:
+            if child.proc:
+                try:
+                    child.proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+                    child.proc.wait()
+        for lease in list(self.leases.values()):
+            unlink_quietly(lease["arena"])
+        self.leases.clear()
+        for seg in (self.control, self.server):
+            if seg is not None:
+                seg.unlink()
+                seg.close()
+        self.sock_path.unlink(missing_ok=True)
+        rec = read_record(self.opts.name)
+        if rec and rec.get("pid") == os.getpid():
+            record_path(self.opts.name).unlink(missing_ok=True)
+        log.info("stopped; segments removed")
+
+    async def serve(self, ready_fd: int | None = None) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        server = await asyncio.start_unix_server(self.on_connection, path=str(self.sock_path))
+        os.chmod(self.sock_path, 0o600)
+        self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
+        for model_id, spec in enumerate(self.specs):
+            log.info("model '%s' version %d: %s (%s, %d instance%s, max_batch_size %d)",
+                     spec.name, spec.version, self.model_state.get(model_id), spec.backend,
+                     spec.instance_count, "s" * (spec.instance_count > 1), spec.max_batch_size)
+        log.info("ready: server '%s', control socket %s", self.opts.name, self.sock_path)
+        if ready_fd is not None:
+            os.write(ready_fd, b"ready\n")
+            os.close(ready_fd)
+        supervisor = asyncio.create_task(self.supervise(stop))
+        await stop.wait()
+        log.info("stopping")
+        server.close()
+        await supervisor
+
+
+def _put(buf, offset: int, fmt: str, *values) -> None:
+    struct.pack_into("<" + fmt.lstrip("<"), buf, offset, *values)
+
+
+def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
+    """Runs a server until SIGINT/SIGTERM. Returns a process exit code."""
+    logging.basicConfig(level=opts.log_level, format="[shmserve] %(message)s")
+    coord = Coordinator(opts)
+    try:
+        coord.claim_name()
+        coord.specs = load_repository(opts.model_repository)
+        coord.create_segments()
+        coord.plan_children()
+        coord.start_children()
+        try:
+            import uvloop
+            uvloop.run(coord.serve(ready_fd))
+        except ImportError:  # pragma: no cover
+            asyncio.run(coord.serve(ready_fd))
+        return 0
+    except (ConfigError, ShmSpaceError, AlreadyRunningError) as e:
+        log.error("%s", e.msg)
+        return 2
+    finally:
+        coord.shutdown()

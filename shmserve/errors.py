@@ -1,0 +1,84 @@
+"""One exception hierarchy for the whole product; status codes map to it here only."""
+from __future__ import annotations
+
+from . import protocol as P
+
+
+class ShmServeError(Exception):
+    """Base class. `code` is the protocol status (protocol.Status), `msg` the text."""
+
+    code = P.Status.INTERNAL
+
+    def __init__(self, msg: str, code: int | None = None):
+        super().__init__(msg)
+        self.msg = msg
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgumentError(ShmServeError):
+    code = P.Status.INVALID_ARG
+
+
+class ModelNotFoundError(ShmServeError):
+    code = P.Status.NOT_FOUND
+
+
+class UnavailableError(ShmServeError):
+    code = P.Status.UNAVAILABLE
+
+
+class OutputTooSmallError(ShmServeError):
+    code = P.Status.OUTPUT_TOO_SMALL
+
+
+class InternalError(ShmServeError):
+    code = P.Status.INTERNAL
+
+
+class BusyError(ShmServeError):
+    code = P.Status.BUSY
+
+
+class BadDescriptorError(ShmServeError):
+    code = P.Status.BAD_DESCRIPTOR
+
+
+class ServerDeadError(ShmServeError):
+    """The server is gone (stopped or crashed): no request can be answered."""
+
+    code = P.Status.UNAVAILABLE
+
+
+class ServerTimeoutError(ShmServeError):
+    """The caller's timeout expired before the answer came."""
+
+    code = P.Status.UNAVAILABLE
+
+
+class ConfigError(ShmServeError):
+    """A model repository or config.pbtxt is wrong; the message names the file."""
+
+    code = P.Status.INVALID_ARG
+
+
+class ShmSpaceError(ShmServeError):
+    """Not enough room in /dev/shm for a segment."""
+
+    code = P.Status.UNAVAILABLE
+
+
+_BY_CODE = {
+    P.Status.INVALID_ARG: InvalidArgumentError,
+    P.Status.NOT_FOUND: ModelNotFoundError,
+    P.Status.UNAVAILABLE: UnavailableError,
+    P.Status.OUTPUT_TOO_SMALL: OutputTooSmallError,
+    P.Status.INTERNAL: InternalError,
+    P.Status.BUSY: BusyError,
+    P.Status.BAD_DESCRIPTOR: BadDescriptorError,
+}
+
+
+def from_status(code: int, msg: str) -> ShmServeError:
+    """The exception for a status read from a slot or a control-socket reply."""
+    return _BY_CODE.get(code, ShmServeError)(msg, code)

@@ -1,0 +1,201 @@
+"""The model repository: Triton's layout, config.pbtxt parsed with Triton's schema.
+
+    <repository>/<model name>/config.pbtxt
+    <repository>/<model name>/<version>/<model file>
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from .errors import ConfigError
+from .protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
+
+# backend name -> (accepted platform names, default model file)
+BACKENDS = {
+    "python": ((), "model.py"),
+    "onnxruntime": (("onnxruntime_onnx",), "model.onnx"),
+}
+_PLATFORM_TO_BACKEND = {p: b for b, (ps, _) in BACKENDS.items() for p in ps}
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: int  # protocol / Triton DataType code
+    dims: tuple[int, ...]  # without the batch dimension when max_batch_size > 0
+
+    @property
+    def dtype_name(self) -> str:
+        return next(k for k, v in DTYPE_CODES.items() if v == self.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    version: int
+    backend: str
+    path: str  # the model file
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    instance_count: int
+    dynamic_batching: bool
+    preferred_batch_sizes: tuple[int, ...]
+    max_queue_delay_us: int
+    parameters: dict
+    config_text: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelSpec":
+        d = dict(d)
+        d["inputs"] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"])) for t in d["inputs"])
+        d["outputs"] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"])) for t in d["outputs"])
+        d["preferred_batch_sizes"] = tuple(d["preferred_batch_sizes"])
+        return cls(**d)
+
+    def metadata(self, model_id: int) -> dict:
+        """KServe-v2-style metadata, plus what a shared-memory client needs."""
+        batch = [-1] if self.max_batch_size > 0 else []
+        return {
+            "id": model_id,
+            "name": self.name,
+            "version": self.version,
+            "platform": self.backend,
+            "max_batch_size": self.max_batch_size,
+            "inputs": [{"name": t.name, "datatype": t.dtype_name, "shape": batch + list(t.dims)}
+                       for t in self.inputs],
+            "outputs": [{"name": t.name, "datatype": t.dtype_name, "shape": batch + list(t.dims)}
+                        for t in self.outputs],
+        }
+
+
+def parse_config(text: str, where: str) -> mc.ModelConfig:
+    """Parses config.pbtxt text; errors name the file, line and column."""
+    try:
+        return text_format.Parse(text, mc.ModelConfig())
+    except text_format.ParseError as e:
+        line, col = e.GetLine(), e.GetColumn()
+        pos = f":{line}:{col}" if line else ""
+        raise ConfigError(f"{where}{pos}: {str(e).split(' : ', 1)[-1]}") from None
+
+
+def _tensors(items, where: str, kind: str, batched: bool) -> tuple[TensorSpec, ...]:
+    if len(items) > MAX_TENSORS:
+        raise ConfigError(f"{where}: {len(items)} {kind}s (limit {MAX_TENSORS})")
+    out, seen = [], set()
+    for t in items:
+        if not t.name or len(t.name.encode()) >= NAME_BYTES:
+            raise ConfigError(f"{where}: {kind} name {t.name!r} must be 1..{NAME_BYTES - 1} bytes")
+        if t.name in seen:
+            raise ConfigError(f"{where}: {kind} '{t.name}' declared twice")
+        seen.add(t.name)
+        type_name = mc.DataType.Name(t.data_type)
+        code = DTYPE_CODES.get(type_name.removeprefix("TYPE_").replace("STRING", "BYTES"))
+        if code is None:
+            raise ConfigError(f"{where}: {kind} '{t.name}' has unsupported data_type {type_name}")
+        dims = tuple(int(d) for d in t.dims)
+        if len(dims) + batched > MAX_DIMS:
+            raise ConfigError(f"{where}: {kind} '{t.name}' has {len(dims)} dims (limit {MAX_DIMS - batched}"
+                              + (" plus the batch dimension)" if batched else ")"))
+        if any(d < -1 or d == 0 for d in dims):
+            raise ConfigError(f"{where}: {kind} '{t.name}' dims {list(dims)}: each must be -1 or > 0")
+        out.append(TensorSpec(t.name, code, dims))
+    if not out:
+        raise ConfigError(f"{where}: the model declares no {kind}")
+    return tuple(out)
+
+
+def _versions(model_dir: Path, cfg: mc.ModelConfig, model_file: str, where: str) -> list[int]:
+    available = sorted(int(p.name) for p in model_dir.iterdir()
+                       if p.is_dir() and p.name.isdigit() and (p / model_file).exists())
+    if not available:
+        raise ConfigError(f"{where}: no version directory holds {model_file} "
+                          f"(expected {model_dir}/<version>/{model_file})")
+    policy = cfg.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return available
+    if which == "specific":
+        wanted = sorted(set(policy.specific.versions))
+        missing = [v for v in wanted if v not in available]
+        if missing:
+            raise ConfigError(f"{where}: version_policy asks for versions {missing} not in {available}")
+        return wanted
+    n = policy.latest.num_versions if which == "latest" and policy.latest.num_versions else 1
+    return available[-n:]
+
+
+def load_model(model_dir: Path) -> list[ModelSpec]:
+    where = str(model_dir / "config.pbtxt")
+    if not (model_dir / "config.pbtxt").is_file():
+        raise ConfigError(f"{where}: missing (every model needs a config.pbtxt)")
+    text = (model_dir / "config.pbtxt").read_text()
+    cfg = parse_config(text, where)
+    name = cfg.name or model_dir.name
+    if name != model_dir.name:
+        raise ConfigError(f"{where}: name '{cfg.name}' differs from its directory '{model_dir.name}'")
+    if not _NAME_RE.match(name) or len(name.encode()) >= NAME_BYTES:
+        raise ConfigError(f"{where}: model name {name!r} must be letters, digits, '_.-', "
+                          f"under {NAME_BYTES} bytes")
+    backend = cfg.backend or _PLATFORM_TO_BACKEND.get(cfg.platform, cfg.platform)
+    if backend not in BACKENDS:
+        raise ConfigError(f"{where}: backend {backend or '(none)'!r} is not supported "
+                          f"(supported: {', '.join(sorted(BACKENDS))})")
+    if cfg.max_batch_size < 0:
+        raise ConfigError(f"{where}: max_batch_size {cfg.max_batch_size} must be >= 0")
+    batched = cfg.max_batch_size > 0
+    inputs = _tensors(cfg.input, where, "input", batched)
+    outputs = _tensors(cfg.output, where, "output", batched)
+    count = 0
+    for group in cfg.instance_group or [mc.ModelInstanceGroup(count=1)]:
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            raise ConfigError(f"{where}: instance_group kind KIND_GPU is not supported on this "
+                              "server build (use KIND_CPU)")
+        if group.kind not in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU):
+            raise ConfigError(f"{where}: instance_group kind "
+                              f"{mc.ModelInstanceGroup.Kind.Name(group.kind)} is not supported")
+        count += group.count or 1  # Triton fills an unset count with 1
+    if count < 1:
+        raise ConfigError(f"{where}: instance_group count must be >= 1")
+    dyn = cfg.HasField("dynamic_batching")
+    preferred = tuple(sorted(int(p) for p in cfg.dynamic_batching.preferred_batch_size))
+    if any(p < 1 or p > max(cfg.max_batch_size, 1) for p in preferred):
+        raise ConfigError(f"{where}: preferred_batch_size {list(preferred)} must lie in "
+                          f"1..max_batch_size ({cfg.max_batch_size})")
+    if dyn and not batched:
+        raise ConfigError(f"{where}: dynamic_batching needs max_batch_size > 0")
+    model_file = cfg.default_model_filename or BACKENDS[backend][1]
+    if os.sep in model_file or model_file in ("..", "."):
+        raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a file name")
+    params = {k: v.string_value for k, v in cfg.parameters.items()}
+    return [
+        ModelSpec(name=name, version=v, backend=backend, path=str(model_dir / str(v) / model_file),
+                  max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=outputs,
+                  instance_count=count, dynamic_batching=dyn, preferred_batch_sizes=preferred,
+                  max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
+                  parameters=params, config_text=text_format.MessageToString(cfg))
+        for v in _versions(model_dir, cfg, model_file, where)
+    ]
+
+
+def load_repository(path: str | os.PathLike) -> list[ModelSpec]:
+    """Every servable (model, version) of the repository, sorted by name then version."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ConfigError(f"model repository {root} is not a directory")
+    specs: list[ModelSpec] = []
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        specs.extend(load_model(model_dir))
+    if not specs:
+        raise ConfigError(f"model repository {root} holds no model")
+    return specs

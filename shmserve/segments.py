@@ -1,0 +1,255 @@
+"""POSIX shared-memory segments: names, creation, space checks, layouts, clean-up.
+
+Only the coordinator creates and unlinks segments; the other roles open them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import mmap
+import os
+import secrets
+import signal
+from pathlib import Path
+
+import posix_ipc
+
+from . import _core
+from .errors import ShmSpaceError
+from .protocol import LAYOUT, SLOT_BYTES
+
+DEFAULT_NAME = "default"
+SHM_DIR = Path("/dev/shm")
+PREFIX = "shmserve"
+
+
+def _align(n: int, a: int = 4096) -> int:
+    return (n + a - 1) // a * a
+
+
+def runtime_dir() -> Path:
+    """Per-user directory (0700) holding control sockets and server records."""
+    base = os.environ.get("SHMSERVE_RUNTIME_DIR")
+    if base:
+        path = Path(base)
+    elif os.environ.get("XDG_RUNTIME_DIR"):
+        path = Path(os.environ["XDG_RUNTIME_DIR"]) / "shmserve"
+    else:
+        path = Path(f"/tmp/shmserve-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path} must be owned by uid {os.getuid()} with mode 0700")
+    return path
+
+
+def socket_path(name: str) -> Path:
+    return runtime_dir() / f"{name}.sock"
+
+
+def record_path(name: str) -> Path:
+    return runtime_dir() / f"{name}.json"
+
+
+def new_prefix() -> str:
+    """Segment names carry an unguessable token so two servers never collide."""
+    return f"/{PREFIX}-{os.getuid()}-{secrets.token_hex(8)}"
+
+
+def shm_free_bytes() -> int:
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+class Segment:
+    """A mapped POSIX shared-memory segment with its protocol operations (`ops`)."""
+
+    def __init__(self, name: str, size: int | None = None, *, create: bool = False,
+                 mode: int = 0o600, what: str = "segment"):
+        self.name = name
+        if create:
+            mem = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode)
+            try:
+                _reserve(mem.fd, size, name, what)
+            except BaseException:
+                os.close(mem.fd)
+                posix_ipc.unlink_shared_memory(name)
+                raise
+        else:
+            mem = posix_ipc.SharedMemory(name)
+            size = mem.size if size is None else size
+            if mem.size < size:
+                os.close(mem.fd)
+                raise ValueError(f"segment {name} holds {mem.size} bytes, expected {size}")
+        self.size = size
+        self.mmap = mmap.mmap(mem.fd, size)
+        os.close(mem.fd)
+        self.ops = _core.Mapping(self.mmap)
+        self.buffer = memoryview(self.mmap)
+
+    def close(self) -> None:
+        if self.ops is None:
+            return
+        self.ops.release()
+        self.buffer.release()
+        self.ops = None
+        try:
+            self.mmap.close()
+        except BufferError:
+            # numpy views of this segment are still alive; the mapping stays until
+            # they go, the name is unlinked regardless.
+            pass
+
+    def unlink(self) -> None:
+        unlink_quietly(self.name)
+
+
+def _reserve(fd: int, size: int, name: str, what: str) -> None:
+    """Allocate every page now: running out of /dev/shm later would be a SIGBUS."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+            raise
+        free = shm_free_bytes()
+        raise ShmSpaceError(
+            f"not enough space in {SHM_DIR} for the {what} ({size / 2**20:.1f} MiB needed, "
+            f"{free / 2**20:.1f} MiB free); enlarge it (docker run --shm-size=1g, or "
+            f"mount -o remount,size=1G {SHM_DIR}) or ask for less") from None
+
+
+def unlink_quietly(name: str) -> None:
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        pass
+
+
+# ---------------------------------------------------------------- layouts
+
+@dataclasses.dataclass(frozen=True)
+class ServerLayout:
+    """Offsets in the server-private segment (shms_server_header)."""
+
+    max_clients: int
+    slots_per_client: int
+    n_models: int
+    n_workers: int
+
+    @property
+    def clients_offset(self) -> int:
+        return _align(LAYOUT["server.size"], 64)
+
+    @property
+    def models_offset(self) -> int:
+        return _align(self.clients_offset + self.max_clients * LAYOUT["client_entry.size"], 64)
+
+    @property
+    def shadows_offset(self) -> int:
+        return _align(self.models_offset + max(self.n_models, 1) * LAYOUT["model.size"], 64)
+
+    @property
+    def mailboxes_offset(self) -> int:
+        n = self.max_clients * self.slots_per_client
+        return _align(self.shadows_offset + n * LAYOUT["shadow.size"], 64)
+
+    @property
+    def size(self) -> int:
+        return _align(self.mailboxes_offset + max(self.n_workers, 1) * LAYOUT["mailbox.size"])
+
+    def client(self, client_id: int) -> int:
+        return self.clients_offset + client_id * LAYOUT["client_entry.size"]
+
+    def model(self, model_id: int) -> int:
+        return self.models_offset + model_id * LAYOUT["model.size"]
+
+    def shadow(self, client_id: int, slot: int) -> int:
+        index = client_id * self.slots_per_client + slot
+        return self.shadows_offset + index * LAYOUT["shadow.size"]
+
+    def shadow_index(self, client_id: int, slot: int) -> int:
+        return client_id * self.slots_per_client + slot
+
+    def shadow_at(self, index: int) -> int:
+        return self.shadows_offset + index * LAYOUT["shadow.size"]
+
+    def mailbox(self, worker: int) -> int:
+        return self.mailboxes_offset + worker * LAYOUT["mailbox.size"]
+
+
+def control_size(ring_capacity: int) -> int:
+    return _align(LAYOUT["control.size"] + ring_capacity * LAYOUT["ring_cell.size"])
+
+
+def control_ring_offset() -> int:
+    return LAYOUT["control.size"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArenaLayout:
+    """Offsets in one client's arena segment (shms_arena_header)."""
+
+    n_slots: int
+    segment_bytes: int
+
+    @property
+    def slots_offset(self) -> int:
+        return _align(LAYOUT["arena.size"], 64)
+
+    @property
+    def data_offset(self) -> int:
+        return _align(self.slots_offset + self.n_slots * SLOT_BYTES, 4096)
+
+    def slot(self, index: int) -> int:
+        return self.slots_offset + index * SLOT_BYTES
+
+    @classmethod
+    def for_data(cls, n_slots: int, data_bytes: int) -> "ArenaLayout":
+        probe = cls(n_slots, 0)
+        return cls(n_slots, _align(probe.data_offset + data_bytes))
+
+
+# ---------------------------------------------------------------- server records
+
+def write_record(name: str, record: dict) -> None:
+    path = record_path(name)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def read_record(name: str) -> dict | None:
+    try:
+        return json.loads(record_path(name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_segments(prefix: str) -> list[str]:
+    """Unlinks every segment whose name starts with `prefix` (a dead server's)."""
+    removed = []
+    base = prefix.lstrip("/")
+    for entry in SHM_DIR.glob(base + "-*"):
+        unlink_quietly("/" + entry.name)
+        removed.append(entry.name)
+    return removed
+
+
+def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+

@@ -1,0 +1,85 @@
+"""What the batcher and the workers map: the control and server segments, and the
+arenas of the clients whose requests they handle (opened lazily, dropped when the
+lease ends)."""
+from __future__ import annotations
+
+import os
+import sys
+
+from . import _core
+from .protocol import LAYOUT, NAME_BYTES, ClientState
+from .segments import ArenaLayout, Segment, ServerLayout
+
+L = LAYOUT
+
+
+class ServerMaps:
+    def __init__(self, boot: dict):
+        self.layout = ServerLayout(boot["max_clients"], boot["slots_per_client"],
+                                   boot["n_models"], boot["n_workers"])
+        self.control = Segment(boot["control"])
+        self.server = Segment(boot["server"])
+        self.ctl = self.control.ops
+        self.srv = self.server.ops
+        self.spin_ns = int(boot["spin_us"] * 1000)
+        self.coordinator_pid = boot["coordinator_pid"]
+        self._arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
+
+    # The client table is written by the coordinator only; clients never see it.
+    def client_entry(self, client_id: int) -> tuple[int, int, str, int]:
+        off = self.layout.client(client_id)
+        state = self.srv.load32(off + L["client_entry.state"])
+        gen = self.srv.load32(off + L["client_entry.generation"])
+        raw = bytes(self.server.buffer[off + L["client_entry.segment"]:
+                                       off + L["client_entry.segment"] + NAME_BYTES])
+        size = self.srv.load64(off + L["client_entry.segment_bytes"])
+        return state, gen, raw.split(b"\0", 1)[0].decode(), size
+
+    def arena(self, client_id: int, generation: int):
+        """(Segment, ArenaLayout) of a live lease, or None if it ended or never was."""
+        if client_id >= self.layout.max_clients:
+            return None
+        cached = self._arenas.get(client_id)
+        if cached and cached[0] == generation:
+            state, gen, _, _ = self.client_entry(client_id)
+            if state == ClientState.ALIVE and gen == generation:
+                return cached[1], cached[2]
+        if cached:
+            self._drop(client_id)
+        state, gen, name, size = self.client_entry(client_id)
+        if state != ClientState.ALIVE or gen != generation or not name:
+            return None
+        try:
+            seg = Segment(name, size)
+        except Exception:  # unlinked in between: the lease just ended
+            return None
+        layout = ArenaLayout(self.layout.slots_per_client, size)
+        self._arenas[client_id] = (generation, seg, layout)
+        return seg, layout
+
+    def _drop(self, client_id: int) -> None:
+        _, seg, _ = self._arenas.pop(client_id)
+        seg.close()
+
+    def ring_batcher(self) -> None:
+        self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+
+    def model_add(self, model_id: int, field: str, value: int) -> None:
+        self.srv.add64(self.layout.model(model_id) + L[f"model.{field}"], value)
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self.coordinator_pid
+
+
+def child_setup(role: str) -> dict:
+    """Common start of a child process: read its boot message from stdin, die with
+    the coordinator."""
+    import json
+    import signal
+
+    _core.set_parent_death_signal(signal.SIGKILL)
+    boot = json.loads(sys.stdin.readline())
+    if os.getppid() != boot["coordinator_pid"]:  # the coordinator died before prctl
+        sys.exit(1)
+    sys.stdin.close()
+    return boot

@@ -1,0 +1,231 @@
+"""Worker process: one per model instance. Loads one backend and executes the
+batches the batcher puts in its mailbox, reading inputs from and writing outputs to
+the callers' arenas.
+
+    python -m shmserve.worker   (started by the coordinator; boot message on stdin)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+from .backends import load_backend
+from .protocol import LAYOUT, Status, Timestamp, decode_bytes, encode_bytes, numpy_dtype
+from .repository import ModelSpec
+from .server_maps import ServerMaps, child_setup
+
+L = LAYOUT
+BYTES = 13
+log = logging.getLogger("shmserve.worker")
+
+
+class BatchError(Exception):
+    """Fails every request of the batch with `status`."""
+
+    def __init__(self, status: int, msg: str):
+        super().__init__(msg)
+        self.status = status
+
+
+class Request:
+    """One request of a batch, as the batcher validated it (a server-private copy)."""
+
+    __slots__ = ("client_id", "slot", "generation", "lease", "rows", "inputs", "outputs",
+                 "arena", "slot_off")
+
+    def __init__(self, maps: ServerMaps, shadow_index: int):
+        off = maps.layout.shadow_at(shadow_index)
+        srv = maps.srv
+        self.client_id = srv.load32(off + L["shadow.client_id"])
+        self.slot = srv.load32(off + L["shadow.slot"])
+        self.generation = srv.load32(off + L["shadow.generation"])
+        self.lease = srv.load32(off + L["shadow.lease"])
+        self.rows = srv.load32(off + L["shadow.batch_rows"])
+        _, self.inputs, self.outputs = srv.read_request(off + L["shadow.request"])
+        self.arena = None
+        self.slot_off = 0
+
+
+class Worker:
+    def __init__(self, boot: dict):
+        self.maps = ServerMaps(boot)
+        self.index = boot["worker_index"]
+        self.model_id = boot["model_id"]
+        self.spec = ModelSpec.from_dict(boot["model"])
+        self.mailbox = self.maps.layout.mailbox(self.index)
+        self.batched = self.spec.max_batch_size > 0
+        self.backend = None
+
+    # -- 1. load --------------------------------------------------------------
+    def load(self) -> None:
+        self.backend = load_backend(self.spec)
+        self.maps.srv.store32(self.mailbox + L["mailbox.pid"], os.getpid())
+
+    # -- 2. serve -------------------------------------------------------------
+    def serve_forever(self) -> None:
+        srv, state = self.maps.srv, self.mailbox + L["mailbox.state"]
+        sleeping = self.mailbox + L["mailbox.worker_sleeping"]
+        while True:
+            # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
+            if not srv.doorbell_wait(state, sleeping, 0, self.maps.spin_ns, 200_000_000):
+                if not self.maps.parent_alive():
+                    return
+                continue
+            n = srv.load32(self.mailbox + L["mailbox.n"])
+            base = self.mailbox + L["mailbox.shadow"]
+            shadows = [srv.load32(base + 4 * i) for i in range(min(n, L["MAX_BATCH_REQUESTS"]))]
+            self.run_batch(shadows)
+            srv.add64(self.mailbox + L["mailbox.batches_done"], 1)
+            srv.store32(state, 0)  # IDLE
+            # SYNC POINT: the batcher waits on its doorbell for idle workers.
+            self.maps.ring_batcher()
+
+    def run_batch(self, shadows: list[int]) -> None:
+        live = []
+        for index in shadows:
+            req = Request(self.maps, index)
+            mapped = self.maps.arena(req.client_id, req.lease)
+            if mapped is None:  # the caller left: nothing to answer
+                continue
+            req.arena, layout = mapped
+            req.slot_off = layout.slot(req.slot)
+            if req.arena.ops.set_running(req.slot_off, req.generation):
+                live.append(req)
+        if not live:
+            return
+        start = time.monotonic_ns()
+        try:
+            inputs = self.gather(live)
+            outputs = self.backend.execute(inputs)
+            outputs = self.check_outputs(outputs, sum(r.rows for r in live))
+            status, msg = Status.OK, ""
+        except BatchError as e:
+            status, msg = e.status, str(e)
+        except Exception as e:  # the model raised: every caller of the batch hears why
+            log.warning("model '%s' raised: %s", self.spec.name, traceback.format_exc(limit=3))
+            status, msg = Status.INTERNAL, f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
+        compute_ns = time.monotonic_ns() - start
+        row = 0
+        ok = 0
+        for req in live:
+            req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
+            if status == Status.OK:
+                st, m, results = self.scatter(req, outputs, row)
+            else:
+                st, m, results = status, msg, []
+            row += req.rows
+            ok += st == Status.OK
+            req.arena.ops.complete(req.slot_off, req.generation, int(st), m[:255], results)
+        m_id = self.model_id
+        self.maps.model_add(m_id, "execution_count", 1)
+        self.maps.model_add(m_id, "compute_ns", compute_ns)
+        self.maps.model_add(m_id, "inference_count", row)
+        self.maps.model_add(m_id, "request_success", ok)
+        self.maps.model_add(m_id, "request_failure", len(live) - ok)
+        hist = min(len(live), L["BATCH_HIST"]) - 1
+        self.maps.srv.add64(self.maps.layout.model(m_id) + L["model.batch_requests"] + 8 * hist, 1)
+
+    # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
+    def gather(self, live: list[Request]) -> dict:
+        per_input: list[list] = [[] for _ in self.spec.inputs]
+        for req in live:
+            buf = req.arena.buffer
+            for index, dtype, offset, nbytes, shape in req.inputs:
+                if dtype == BYTES:
+                    try:
+                        arr = decode_bytes(buf[offset:offset + nbytes], shape)
+                    except ValueError as e:
+                        raise BatchError(Status.INVALID_ARG,
+                                         f"model '{self.spec.name}' input "
+                                         f"'{self.spec.inputs[index].name}': {e}") from None
+                else:
+                    dt = numpy_dtype(dtype)
+                    arr = np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
+                per_input[index].append(arr)
+        out = {}
+        for spec, arrays in zip(self.spec.inputs, per_input):
+            out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return out
+
+    def check_outputs(self, outputs, rows: int) -> dict:
+        if not isinstance(outputs, dict):
+            raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' returned "
+                             f"{type(outputs).__name__}, expected a dict of arrays")
+        checked = {}
+        for spec in self.spec.outputs:
+            if spec.name not in outputs:
+                raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' did not produce "
+                                 f"output '{spec.name}'")
+            arr = np.asarray(outputs[spec.name])
+            if spec.dtype == BYTES:
+                if arr.dtype.kind not in "OSU":
+                    raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
+                                     f"'{spec.name}' is {arr.dtype}, expected BYTES")
+            else:
+                want = numpy_dtype(spec.dtype)
+                if arr.dtype != want:
+                    raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
+                                     f"'{spec.name}' is {arr.dtype}, config says {want}")
+            if self.batched and (arr.ndim < 1 or arr.shape[0] != rows):
+                raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output '{spec.name}' "
+                                 f"has shape {arr.shape}, expected {rows} rows first")
+            checked[spec.name] = arr
+        return checked
+
+    # -- outputs: one copy, from the model's array into the caller's arena --------
+    def scatter(self, req: Request, outputs: dict, row: int):
+        results = []
+        too_small = []
+        for index, _, offset, capacity, _ in req.outputs:
+            spec = self.spec.outputs[index]
+            arr = outputs[spec.name]
+            part = arr[row:row + req.rows] if self.batched else arr
+            if spec.dtype == BYTES:
+                data = encode_bytes(part)
+                need = len(data)
+            else:
+                need = part.nbytes
+            shape = part.shape
+            if need > capacity:
+                too_small.append(spec.name)
+                results.append((index, spec.dtype, offset, need, shape))
+                continue
+            if spec.dtype == BYTES:
+                req.arena.buffer[offset:offset + need] = data
+            else:
+                dst = np.frombuffer(req.arena.buffer, part.dtype, part.size, offset)
+                np.copyto(dst.reshape(shape), part)
+            results.append((index, spec.dtype, offset, need, shape))
+        if too_small:
+            return (Status.OUTPUT_TOO_SMALL,
+                    f"model '{self.spec.name}': output buffer too small for {', '.join(too_small)}",
+                    results)
+        return Status.OK, "", results
+
+
+def main() -> None:
+    boot = child_setup("worker")
+    logging.basicConfig(level=boot.get("log_level", "INFO"),
+                        format=f"[shmserve worker {boot['model']['name']}#{boot['worker_index']}] %(message)s")
+    worker = Worker(boot)
+    try:
+        worker.load()
+    except Exception as e:
+        print(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}), flush=True)
+        sys.exit(3)
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdout.close()
+    try:
+        worker.serve_forever()
+    finally:
+        worker.backend.close()
+
+
+if __name__ == "__main__":
+    main()
