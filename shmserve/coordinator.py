@@ -20,7 +20,7 @@ from . import protocol as P
 from .errors import ConfigError, ShmServeError, ShmSpaceError
 from .protocol import LAYOUT as L
 from .repository import ModelSpec, load_repository
-from .segments import (ArenaLayout, Segment, ServerLayout, control_ring_offset, control_size,
+from .segments import (ArenaLayout, Segment, ServerLayout, control_size, init_control,
                        new_prefix, pid_alive, read_record, record_path, remove_segments,
                        socket_path, unlink_quietly, write_record)
 
@@ -103,13 +103,7 @@ class Coordinator:
                                what="control segment (request ring)")
         self.server = Segment(self.prefix + "-srv", self.layout.size, create=True,
                               what="server segment (--max-clients x --slots-per-client)")
-        c = self.control.buffer
-        _put(c, 0, "<QIIIIII", L["MAGIC_CONTROL"], L["PROTOCOL_VERSION"], L["control.size"],
-             control_ring_offset(), ring, os.getpid(), 0)
-        _put(c, L["control.segment_bytes"], "<Q", self.control.size)
-        ring_cells = control_ring_offset()
-        for i in range(ring):  # Vyukov: cell i starts free for position i
-            self.control.ops.store64(ring_cells + i * L["ring_cell.size"], i)
+        init_control(self.control.buffer, self.control.ops, ring, os.getpid())
         lay, s = self.layout, self.server.buffer
         _put(s, 0, "<QIIIIII", L["MAGIC_SERVER"], L["PROTOCOL_VERSION"], lay.max_clients,
              lay.slots_per_client, lay.n_models, lay.n_workers, 0)

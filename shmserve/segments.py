@@ -11,6 +11,7 @@ import mmap
 import os
 import secrets
 import signal
+import struct
 from pathlib import Path
 
 import posix_ipc
@@ -184,6 +185,17 @@ def control_size(ring_capacity: int) -> int:
 
 def control_ring_offset() -> int:
     return LAYOUT["control.size"]
+
+
+def init_control(buf, ops, ring_capacity: int, server_pid: int) -> None:
+    """Writes a fresh control block and ring into `buf` (a zeroed segment)."""
+    if ring_capacity < 2 or ring_capacity & (ring_capacity - 1):
+        raise ValueError(f"ring capacity {ring_capacity} must be a power of two >= 2")
+    struct.pack_into("<QIIIII", buf, 0, LAYOUT["MAGIC_CONTROL"], LAYOUT["PROTOCOL_VERSION"],
+                     LAYOUT["control.size"], control_ring_offset(), ring_capacity, server_pid)
+    struct.pack_into("<Q", buf, LAYOUT["control.segment_bytes"], len(buf))
+    for i in range(ring_capacity):  # Vyukov: cell i starts free for position i
+        ops.store64(control_ring_offset() + i * LAYOUT["ring_cell.size"], i)
 
 
 @dataclasses.dataclass(frozen=True)

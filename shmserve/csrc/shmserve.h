@@ -97,6 +97,13 @@ static inline uint32_t shms_dtype_size(uint32_t dtype) {
   return dtype < SHMS_TYPE_COUNT ? sizes[dtype] : 0;
 }
 
+static inline const char *shms_dtype_name(uint32_t dtype) {
+  static const char *names[SHMS_TYPE_COUNT] = {"INVALID", "BOOL", "UINT8", "UINT16", "UINT32",
+                                               "UINT64", "INT8", "INT16", "INT32", "INT64",
+                                               "FP16", "FP32", "FP64", "BYTES", "BF16"};
+  return dtype < SHMS_TYPE_COUNT ? names[dtype] : "INVALID";
+}
+
 /* Request status, written by the server into shms_slot.status. */
 enum shms_status {
   SHMS_OK = 0,
@@ -573,8 +580,8 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' given twice", model, s->name);
     seen |= 1u << t->index;
     if (t->dtype != s->dtype)
-      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has dtype code %u, expected %u",
-                model, s->name, t->dtype, s->dtype);
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has data type %s, expected %s",
+                model, s->name, shms_dtype_name(t->dtype), shms_dtype_name(s->dtype));
     uint32_t want_ndim = s->ndim + batched;
     if (t->ndim != want_ndim)
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has %u dimensions, expected %u%s",
