@@ -9,8 +9,6 @@ import collections
 import dataclasses
 import logging
 
-import numpy as np
-
 from ._core import now_ns
 from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, Timestamp
 from .repository import ModelSpec
@@ -85,7 +83,7 @@ class Batcher:
 
     # -- 1. take every published request from the ring ------------------------
     def drain_ring(self) -> bool:
-        ctl, layout = self.maps.ctl, self.maps.layout
+        ctl = self.maps.ctl
         took = False
         while True:
             entry = ctl.ring_pop()
@@ -103,7 +101,7 @@ class Batcher:
         layout = self.maps.layout
         if client_id >= layout.max_clients or slot >= layout.slots_per_client:
             return  # malformed entry: there is no slot to answer
-        state, lease, _, _ = self.maps.client_entry(client_id)
+        _, lease = self.maps.lease_of(client_id)
         mapped = self.maps.arena(client_id, lease)
         if mapped is None:
             return  # the lease ended: nobody to answer
@@ -133,7 +131,7 @@ class Batcher:
         """The ring head is claimed by `owner`: skip it if that lease is dead."""
         if owner >= self.maps.layout.max_clients:
             return False
-        state, _, _, _ = self.maps.client_entry(owner)
+        state, _ = self.maps.lease_of(owner)
         if state == ClientState.ALIVE:  # it will publish
             return False
         return self.maps.ctl.ring_reclaim(owner)
@@ -160,9 +158,7 @@ class Batcher:
 
     def hand_over(self, q: ModelQueue, worker: int, batch: list[Pending], now: int) -> None:
         srv, mb = self.maps.srv, self.maps.layout.mailbox(worker)
-        shadows = np.frombuffer(self.maps.server.buffer, np.uint32, len(batch), mb + L["mailbox.shadow"])
-        shadows[:] = [p.shadow for p in batch]
-        del shadows
+        srv.store32_many(mb + L["mailbox.shadow"], [p.shadow for p in batch])
         srv.store32(mb + L["mailbox.model_id"], q.model_id)
         srv.store32(mb + L["mailbox.n"], len(batch))
         queue_ns = 0

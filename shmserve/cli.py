@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--slots-per-client", type=int, default=32, help="requests in flight per client")
     s.add_argument("--max-arena-bytes", type=_size, default=1 << 30,
                    help="largest arena a client may ask for (e.g. 256M)")
-    s.add_argument("--spin-us", type=int, default=50,
-                   help="microseconds a waiting process spins before it sleeps on a futex")
+    s.add_argument("--spin-us", type=int, default=None,
+                   help="microseconds the batcher and workers spin before they sleep on a futex "
+                        "(default: 20 with 4+ CPUs, 0 below: spinners would take the CPU "
+                        "the next process in the chain needs)")
     s.add_argument("--log-level", default="info")
     s.set_defaults(fn=cmd_serve)
 

@@ -24,7 +24,13 @@ from .arena import ArenaAllocator, ArenaFull
 from .protocol import LAYOUT as L
 from .segments import DEFAULT_NAME, Segment, pid_alive, socket_path
 
+_BYTES = P.DTYPE_CODES["BYTES"]
+_DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
+               (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                np.uint64, np.float16, np.float32, np.float64)}
+
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
+SPIN_US = 100  # a caller spins this long for its answer before it sleeps on the futex
 
 
 class InferResult(collections.abc.Mapping):
@@ -70,9 +76,35 @@ class InferResult(collections.abc.Mapping):
         return f"InferResult({self.model_name}, {{{inner}}})"
 
 
+class _Plan:
+    """What the client needs of one (model, version), worked out once."""
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.id, self.name, self.version = meta["id"], meta["name"], meta["version"]
+        self.batched = meta["max_batch_size"] > 0
+        self.input_index = {t["name"]: i for i, t in enumerate(meta["inputs"])}
+        self.output_index = {t["name"]: i for i, t in enumerate(meta["outputs"])}
+        self.output_names = [t["name"] for t in meta["outputs"]]
+        self.outputs = []  # (index, name, itemsize or 0 for BYTES, dims without batch or None)
+        for i, t in enumerate(meta["outputs"]):
+            dims = t["shape"][1:] if self.batched else t["shape"]
+            fixed = t["datatype"] != "BYTES" and all(d >= 0 for d in dims)
+            itemsize = 0 if t["datatype"] == "BYTES" else \
+                P.numpy_dtype(P.DTYPE_CODES[t["datatype"]]).itemsize
+            self.outputs.append((i, t["name"], itemsize, dims if fixed else None))
+
+
 class _Request:
-    __slots__ = ("slot", "generation", "model", "meta", "inputs", "outputs", "owned", "future",
-                 "copy", "retried", "out_names", "t_submit")
+    """One request from submit to answer. `sources` keeps the caller's inputs so a
+    request can be rebuilt (output buffer too small)."""
+
+    __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
+                 "block", "block_bytes", "outputs", "sources_refs")
+
+
+def _aligned(n: int) -> int:
+    return (max(n, 1) + P.DATA_ALIGN - 1) // P.DATA_ALIGN * P.DATA_ALIGN
 
 
 class Client:
@@ -80,6 +112,7 @@ class Client:
 
     name:        the server's instance name (`shmserve serve --name`), default "default"
     arena_bytes: size of this client's shared arena (inputs and outputs in flight)
+    spin_us:     how long a waiting call spins before it sleeps (default SPIN_US)
     """
 
     def __init__(self, name: str = DEFAULT_NAME, *, socket_path_: str | None = None,
@@ -99,7 +132,7 @@ class Client:
                            arena_bytes=arena_bytes or 0)
         self.client_id = hello["client_id"]
         self.server_pid = hello["server_pid"]
-        self._spin_ns = int((hello["spin_us"] if spin_us is None else spin_us) * 1000)
+        self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
         self._control = Segment(hello["control"])
         self._arena = Segment(hello["arena"], hello["arena_bytes"])
         self._ctl, self._ops = self._control.ops, self._arena.ops
@@ -112,7 +145,7 @@ class Client:
         self._generations = [0] * hello["n_slots"]
         self._inflight: dict[int, _Request] = {}
         self._orphans: set[int] = set()
-        self._models: dict[tuple[str, int | None], dict] = {}
+        self._plans: dict[tuple[str, int | None], _Plan] = {}
         self._remember_models(hello["models"])
         self._poller: threading.Thread | None = None
         self._closed = False
@@ -132,18 +165,19 @@ class Client:
 
     def _remember_models(self, models: list[dict]) -> None:
         for m in models:
-            self._models[(m["name"], m["version"])] = m
-            latest = self._models.get((m["name"], None))
-            if latest is None or latest["version"] < m["version"]:
-                self._models[(m["name"], None)] = m
+            plan = _Plan(m)
+            self._plans[(m["name"], m["version"])] = plan
+            latest = self._plans.get((m["name"], None))
+            if latest is None or latest.version < m["version"]:
+                self._plans[(m["name"], None)] = plan
 
-    def _model(self, name: str, version) -> dict:
-        key = (name, int(version) if version not in (None, "", -1) else None)
-        meta = self._models.get(key)
-        if meta is None:  # the server words the error (unknown model or version)
-            meta = self._call(P.OP_METADATA, model=name, version=key[1])
-            self._remember_models([meta])
-        return meta
+    def _plan(self, name: str, version) -> _Plan:
+        key = (name, int(version) if version not in (None, "", -1, 0) else None)
+        plan = self._plans.get(key)
+        if plan is None:  # the server words the error (unknown model or version)
+            self._remember_models([self._call(P.OP_METADATA, model=name, version=key[1])])
+            plan = self._plans[key]
+        return plan
 
     def models(self) -> list[dict]:
         """Every loaded (model, version) with its state."""
@@ -191,15 +225,6 @@ class Client:
                         f"({self._alloc.used} of {self._alloc.capacity} bytes held by outputs "
                         "still referenced); release results or use a larger arena") from None
 
-    def _in_arena(self, arr: np.ndarray) -> int | None:
-        """Offset of `arr` in the arena if it is a contiguous view of it, else None."""
-        if not arr.flags.c_contiguous or arr.dtype.kind in "OSU":
-            return None
-        offset = arr.__array_interface__["data"][0] - self._arena_base
-        if self._alloc.begin <= offset and offset + arr.nbytes <= self._alloc.end and offset % P.DATA_ALIGN == 0:
-            return offset
-        return None
-
     # -- requests -------------------------------------------------------------------------
     def infer(self, model: str, inputs, outputs=None, version: int | None = None,
               timeout: float | None = None, copy: bool = False) -> InferResult:
@@ -227,91 +252,103 @@ class Client:
             raise errors.ServerDeadError("client is closed")
         if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
             raise errors.ServerDeadError(f"server '{self.name}' has stopped")
-        meta = self._model(model, version)
         req = _Request()
-        req.model, req.meta, req.copy, req.retried = model, meta, copy, False
+        req.plan = plan = self._plan(model, version)
+        req.sources = self._sources(plan, inputs)
+        req.wanted = self._wanted(plan, outputs)
+        req.copy, req.retried, req.block = copy, False, None
         req.future = concurrent.futures.Future() if with_future else None
-        req.owned = []
+        self._prepare(req, None)
         try:
-            req.inputs = self._encode_inputs(meta, inputs, req.owned)
-            req.out_names = self._output_names(meta, outputs)
-            req.outputs = self._reserve_outputs(meta, req, None)
             self._send(req)
         except BaseException:
-            self._free_blocks(req.owned)
+            self._alloc.free(req.block, req.block_bytes)
             raise
         return req
 
-    def _encode_inputs(self, meta, inputs, owned: list) -> list:
-        specs = meta["inputs"]
-        names = [t["name"] for t in specs]
+    def _sources(self, plan: _Plan, inputs) -> list:
+        """(index, dtype code, array or encoded bytes, arena offset or -1, shape) per input."""
         if not isinstance(inputs, collections.abc.Mapping):
-            inputs = dict(zip(names, inputs))
-        refs = []
+            inputs = dict(zip(plan.input_index, inputs))
+        sources = []
         for name, value in inputs.items():
-            if name not in names:
+            index = plan.input_index.get(name)
+            if index is None:
                 raise errors.InvalidArgumentError(
-                    f"model '{meta['name']}' has no input '{name}' (inputs: {', '.join(names)})")
-            index = names.index(name)
+                    f"model '{plan.name}' has no input '{name}' "
+                    f"(inputs: {', '.join(plan.input_index)})")
             arr = value if isinstance(value, np.ndarray) else np.asarray(value)
-            try:
-                code = P.dtype_code(arr.dtype)
-            except TypeError as e:
-                raise errors.InvalidArgumentError(f"model '{meta['name']}' input '{name}': {e}") from None
-            if code == P.DTYPE_CODES["BYTES"]:
-                data = P.encode_bytes(arr)
-                offset = self._alloc_or_raise(len(data), f"input '{name}'")
-                owned.append((offset, len(data)))
-                self._buf[offset:offset + len(data)] = data
-                refs.append((index, code, offset, len(data), arr.shape))
+            code = _DTYPE_CODE.get(arr.dtype) or self._dtype_code(plan, name, arr)
+            if code == _BYTES:
+                sources.append((index, code, P.encode_bytes(arr), -1, arr.shape))
                 continue
-            offset = self._in_arena(arr)
-            if offset is None:  # the one copy on the way in
-                offset = self._alloc_or_raise(arr.nbytes, f"input '{name}' of model '{meta['name']}'")
-                owned.append((offset, arr.nbytes))
-                dst = np.frombuffer(self._buf, arr.dtype, arr.size, offset).reshape(arr.shape)
-                np.copyto(dst, arr, casting="no")
-            refs.append((index, code, offset, arr.nbytes, arr.shape))
-        return refs
+            offset = self._ops.locate(arr)
+            if offset < self._alloc.begin or offset % P.DATA_ALIGN:
+                offset = -1  # not in our arena: the one copy on the way in
+                if not arr.flags.c_contiguous:
+                    arr = np.ascontiguousarray(arr)
+            sources.append((index, code, arr, offset, arr.shape))
+        return sources
 
     @staticmethod
-    def _output_names(meta, outputs) -> list[str]:
-        names = [t["name"] for t in meta["outputs"]]
+    def _dtype_code(plan: _Plan, name: str, arr: np.ndarray) -> int:
+        try:
+            return P.dtype_code(arr.dtype)
+        except TypeError as e:
+            raise errors.InvalidArgumentError(f"model '{plan.name}' input '{name}': {e}") from None
+
+    @staticmethod
+    def _wanted(plan: _Plan, outputs) -> list:
         if outputs is None:
-            return names
+            return plan.outputs
         if isinstance(outputs, str):
             outputs = [outputs]
+        wanted = []
         for name in outputs:
-            if name not in names:
+            if name not in plan.output_index:
                 raise errors.InvalidArgumentError(
-                    f"model '{meta['name']}' has no output '{name}' (outputs: {', '.join(names)})")
-        return list(outputs)
+                    f"model '{plan.name}' has no output '{name}' "
+                    f"(outputs: {', '.join(plan.output_names)})")
+            wanted.append(plan.outputs[plan.output_index[name]])
+        return wanted
 
-    def _reserve_outputs(self, meta, req: _Request, needed: dict | None) -> list:
-        """Output buffers: exact when the config fixes the shape, otherwise a guess
-        (the input size); a too-small guess is retried once with the size the server
-        reports."""
+    def _prepare(self, req: _Request, needed: dict | None) -> None:
+        """Lays out one arena block: copied inputs, then output buffers. Output sizes
+        are exact when the config fixes the shape, otherwise a guess (the input size);
+        a guess that is too small is retried once with the size the server reports."""
+        plan = req.plan
         rows = 1
-        batched = meta["max_batch_size"] > 0
-        if batched and req.inputs:
-            rows = req.inputs[0][4][0] if req.inputs[0][4] else 1
-        in_bytes = sum(r[3] for r in req.inputs)
-        refs = []
-        for name in req.out_names:
-            index = next(i for i, t in enumerate(meta["outputs"]) if t["name"] == name)
-            spec = meta["outputs"][index]
-            dims = spec["shape"][1:] if batched else spec["shape"]
+        if plan.batched and req.sources and req.sources[0][4]:
+            rows = int(req.sources[0][4][0])
+        layout, size, in_bytes = [], 0, 0
+        for index, code, data, offset, shape in req.sources:
+            nbytes = len(data) if code == _BYTES else data.nbytes
+            in_bytes += nbytes
+            if offset < 0:
+                layout.append((index, code, data, size, nbytes, shape))
+                size += _aligned(nbytes)
+            else:
+                layout.append((index, code, None, offset, nbytes, shape))
+        outputs = []
+        for index, name, itemsize, dims in req.wanted:
             if needed and index in needed:
                 nbytes = needed[index]
-            elif spec["datatype"] != "BYTES" and all(d >= 0 for d in dims):
-                itemsize = P.numpy_dtype(P.DTYPE_CODES[spec["datatype"]]).itemsize
+            elif dims is not None:
                 nbytes = rows * int(math.prod(dims)) * itemsize
             else:
                 nbytes = max(in_bytes, 4096)
-            offset = self._alloc_or_raise(nbytes, f"output '{name}' of model '{meta['name']}'")
-            req.owned.append((offset, nbytes))
-            refs.append((index, 0, offset, nbytes, ()))
-        return refs
+            outputs.append((index, 0, size, nbytes, ()))
+            size += _aligned(nbytes)
+        block = self._alloc_or_raise(size, f"request to model '{plan.name}'")
+        refs = []
+        for index, code, data, offset, nbytes, shape in layout:
+            if data is not None:
+                offset += block
+                self._ops.put(offset, data)
+            refs.append((index, code, offset, nbytes, shape))
+        req.block, req.block_bytes = block, size
+        req.outputs = [(i, c, block + o, n, s) for i, c, o, n, s in outputs]
+        req.sources_refs = refs
 
     def _send(self, req: _Request) -> None:
         slot = self._acquire_slot()
@@ -321,7 +358,7 @@ class Client:
         slot_off = self._slots_offset + slot * P.SLOT_BYTES
         with self._lock:
             self._inflight[slot] = req
-        self._ops.write_request(slot_off, gen, req.meta["id"], req.inputs, req.outputs)
+        self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
         rc = self._ctl.ring_push(self.client_id, slot, gen)
         if rc != P.RingResult.OK:
             with self._lock:
@@ -356,7 +393,7 @@ class Client:
                 self._orphans.discard(slot)
                 req = self._inflight.pop(slot, None)
                 if req:
-                    self._free_blocks(req.owned)
+                    self._alloc.free(req.block, req.block_bytes)
                 self._free_slots.append(slot)
 
     # -- completion ----------------------------------------------------------------------
@@ -387,7 +424,7 @@ class Client:
                 if left <= 0:
                     self._abandon(req)
                     raise errors.ServerTimeoutError(
-                        f"model '{req.model}': no answer within {timeout} s")
+                        f"model '{req.plan.name}': no answer within {timeout} s")
                 slice_ns = min(slice_ns, left)
             # SYNC POINT: woken by the worker's doorbell_ring on arena.completions.
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
@@ -404,7 +441,7 @@ class Client:
 
     def _finish(self, req: _Request):
         """Reads a DONE slot: returns an InferResult, raises the request's error, or
-        returns a resent request when an output buffer was too small."""
+        returns the request resent when an output buffer was too small."""
         slot_off = self._slots_offset + req.slot * P.SLOT_BYTES
         status, message, results, stamps = self._ops.read_result(slot_off)
         stamps = stamps[:P.Timestamp.CLIENT_WAKE] + (self._now(),)
@@ -412,48 +449,49 @@ class Client:
             self._inflight.pop(req.slot, None)
         self._ops.store32(slot_off, P.SlotState.FREE)
         self._release_slot(req.slot)
-        input_blocks = req.owned[:len(req.owned) - len(req.outputs)]
-        output_blocks = req.owned[len(input_blocks):]
         if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
-            needed = {r[0]: r[3] for r in results}
-            self._free_blocks(output_blocks)
-            req.owned = input_blocks
+            self._alloc.free(req.block, req.block_bytes)
             req.retried = True
-            req.outputs = self._reserve_outputs(req.meta, req, needed)
+            self._prepare(req, {r[0]: r[3] for r in results})
             self._send(req)
             return req
-        self._free_blocks(input_blocks)
         if status != P.Status.OK:
-            self._free_blocks(output_blocks)
+            self._alloc.free(req.block, req.block_bytes)
             raise errors.from_status(status, message)
-        arrays, finalizers = {}, []
-        names = {i: t["name"] for i, t in enumerate(req.meta["outputs"])}
-        blocks = dict(output_blocks)
-        for index, dtype, offset, nbytes, shape in results:
-            if offset not in blocks or nbytes > blocks[offset]:
-                self._free_blocks(output_blocks)
-                raise errors.BadDescriptorError(f"model '{req.model}': server answered with an "
-                                                "output outside the buffers it was given")
-            if dtype == P.DTYPE_CODES["BYTES"]:
-                arrays[names[index]] = P.decode_bytes(self._buf[offset:offset + nbytes], shape)
-                continue
-            dt = P.numpy_dtype(dtype)
-            flat = np.frombuffer(self._buf, dt, nbytes // dt.itemsize, offset)
-            if req.copy:
-                arrays[names[index]] = flat.reshape(shape).copy()
-                continue
-            # Views of `flat` keep it alive; its memory returns to the arena after the last.
-            finalizers.append(weakref.finalize(flat, self._alloc.free, offset, blocks.pop(offset)))
-            arrays[names[index]] = flat.reshape(shape)
-        self._free_blocks(list(blocks.items()))  # copied, BYTES or unreturned outputs
-        result = InferResult(arrays, stamps, req.meta["name"], req.meta["version"], finalizers)
+        try:
+            result = self._outputs(req, results, stamps)
+        except BaseException:
+            self._alloc.free(req.block, req.block_bytes)
+            raise
         if req.future is not None:
             req.future.set_result(result)
         return result
 
-    def _free_blocks(self, blocks) -> None:
-        for offset, nbytes in blocks:
-            self._alloc.free(offset, nbytes)
+    def _outputs(self, req: _Request, results: list, stamps: tuple) -> InferResult:
+        """Output arrays as views of the request's block. The block returns to the
+        arena when the last view is gone (or at release(), or at once with copy)."""
+        begin, end = req.block, req.block + req.block_bytes
+        block = np.frombuffer(self._buf, np.uint8, req.block_bytes, begin)
+        names = req.plan.output_names
+        arrays = {}
+        for index, dtype, offset, nbytes, shape in results:
+            if index >= len(names) or offset < begin or offset + nbytes > end:
+                raise errors.BadDescriptorError(f"model '{req.plan.name}': server answered with "
+                                                "an output outside the buffers it was given")
+            raw = block[offset - begin:offset - begin + nbytes]
+            if dtype == _BYTES:
+                arr = P.decode_bytes(raw, shape)
+            else:
+                arr = raw.view(P.numpy_dtype(dtype)).reshape(shape)
+                if req.copy:
+                    arr = arr.copy()
+            arrays[names[index]] = arr
+        if req.copy or all(a.dtype == object for a in arrays.values()):
+            self._alloc.free(req.block, req.block_bytes)
+            finalizers = []
+        else:  # views of `block` keep it alive; its memory is freed after the last one
+            finalizers = [weakref.finalize(block, self._alloc.free, req.block, req.block_bytes)]
+        return InferResult(arrays, stamps, req.plan.name, req.plan.version, finalizers)
 
     def _wait_any_completion(self) -> bool:
         """Waits for one in-flight request of this client to finish (arena pressure).

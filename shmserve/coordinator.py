@@ -36,7 +36,7 @@ class ServeOptions:
     slots_per_client: int = 32
     default_arena_bytes: int = 32 << 20
     max_arena_bytes: int = 1 << 30
-    spin_us: int = 50
+    spin_us: int | None = None  # None: 20 with 4+ CPUs, else 0 (see cli --spin-us)
     load_timeout_s: float = 120.0
     log_level: str = "INFO"
 
@@ -55,6 +55,8 @@ class Child:
 
 class Coordinator:
     def __init__(self, opts: ServeOptions):
+        if opts.spin_us is None:
+            opts = dataclasses.replace(opts, spin_us=20 if (os.cpu_count() or 1) >= 4 else 0)
         self.opts = opts
         self.specs: list[ModelSpec] = []
         self.model_state: dict[int, str] = {}  # READY / UNAVAILABLE: reason

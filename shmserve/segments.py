@@ -5,6 +5,7 @@ Only the coordinator creates and unlinks segments; the other roles open them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import errno
 import json
 import mmap
@@ -138,19 +139,19 @@ class ServerLayout:
     n_models: int
     n_workers: int
 
-    @property
+    @functools.cached_property
     def clients_offset(self) -> int:
         return _align(LAYOUT["server.size"], 64)
 
-    @property
+    @functools.cached_property
     def models_offset(self) -> int:
         return _align(self.clients_offset + self.max_clients * LAYOUT["client_entry.size"], 64)
 
-    @property
+    @functools.cached_property
     def shadows_offset(self) -> int:
         return _align(self.models_offset + max(self.n_models, 1) * LAYOUT["model.size"], 64)
 
-    @property
+    @functools.cached_property
     def mailboxes_offset(self) -> int:
         n = self.max_clients * self.slots_per_client
         return _align(self.shadows_offset + n * LAYOUT["shadow.size"], 64)
@@ -205,11 +206,11 @@ class ArenaLayout:
     n_slots: int
     segment_bytes: int
 
-    @property
+    @functools.cached_property
     def slots_offset(self) -> int:
         return _align(LAYOUT["arena.size"], 64)
 
-    @property
+    @functools.cached_property
     def data_offset(self) -> int:
         return _align(self.slots_offset + self.n_slots * SLOT_BYTES, 4096)
 

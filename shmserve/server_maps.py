@@ -26,35 +26,36 @@ class ServerMaps:
         self._arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
 
     # The client table is written by the coordinator only; clients never see it.
-    def client_entry(self, client_id: int) -> tuple[int, int, str, int]:
+    def lease_of(self, client_id: int) -> tuple[int, int]:
+        """(state, lease generation) of a client table entry."""
         off = self.layout.client(client_id)
-        state = self.srv.load32(off + L["client_entry.state"])
-        gen = self.srv.load32(off + L["client_entry.generation"])
-        raw = bytes(self.server.buffer[off + L["client_entry.segment"]:
-                                       off + L["client_entry.segment"] + NAME_BYTES])
-        size = self.srv.load64(off + L["client_entry.segment_bytes"])
-        return state, gen, raw.split(b"\0", 1)[0].decode(), size
+        return (self.srv.load32(off + L["client_entry.state"]),
+                self.srv.load32(off + L["client_entry.generation"]))
 
-    def arena(self, client_id: int, generation: int):
+    def arena(self, client_id: int, lease: int):
         """(Segment, ArenaLayout) of a live lease, or None if it ended or never was."""
         if client_id >= self.layout.max_clients:
             return None
+        state, current = self.lease_of(client_id)
+        if state != ClientState.ALIVE or current != lease:
+            if client_id in self._arenas:
+                self._drop(client_id)
+            return None
         cached = self._arenas.get(client_id)
-        if cached and cached[0] == generation:
-            state, gen, _, _ = self.client_entry(client_id)
-            if state == ClientState.ALIVE and gen == generation:
-                return cached[1], cached[2]
+        if cached and cached[0] == lease:
+            return cached[1], cached[2]
         if cached:
             self._drop(client_id)
-        state, gen, name, size = self.client_entry(client_id)
-        if state != ClientState.ALIVE or gen != generation or not name:
-            return None
+        off = self.layout.client(client_id)
+        raw = bytes(self.server.buffer[off + L["client_entry.segment"]:
+                                       off + L["client_entry.segment"] + NAME_BYTES])
+        size = self.srv.load64(off + L["client_entry.segment_bytes"])
         try:
-            seg = Segment(name, size)
+            seg = Segment(raw.split(b"\0", 1)[0].decode(), size)
         except Exception:  # unlinked in between: the lease just ended
             return None
         layout = ArenaLayout(self.layout.slots_per_client, size)
-        self._arenas[client_id] = (generation, seg, layout)
+        self._arenas[client_id] = (lease, seg, layout)
         return seg, layout
 
     def _drop(self, client_id: int) -> None:

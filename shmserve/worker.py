@@ -40,14 +40,8 @@ class Request:
                  "arena", "slot_off")
 
     def __init__(self, maps: ServerMaps, shadow_index: int):
-        off = maps.layout.shadow_at(shadow_index)
-        srv = maps.srv
-        self.client_id = srv.load32(off + L["shadow.client_id"])
-        self.slot = srv.load32(off + L["shadow.slot"])
-        self.generation = srv.load32(off + L["shadow.generation"])
-        self.lease = srv.load32(off + L["shadow.lease"])
-        self.rows = srv.load32(off + L["shadow.batch_rows"])
-        _, self.inputs, self.outputs = srv.read_request(off + L["shadow.request"])
+        (self.client_id, self.slot, self.generation, self.lease, self.rows, self.inputs,
+         self.outputs) = maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
         self.arena = None
         self.slot_off = 0
 

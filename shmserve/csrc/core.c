@@ -461,7 +461,78 @@ static PyObject *m_set_running(Mapping *self, PyObject *args) {
   return PyBool_FromLong(ok);
 }
 
+/* put(offset, obj): copies a C-contiguous buffer (a numpy array, bytes) into the
+ * mapping at offset; the GIL is released for large copies. Returns the byte count. */
+static PyObject *m_put(Mapping *self, PyObject *args) {
+  unsigned long long off;
+  PyObject *obj;
+  if (!PyArg_ParseTuple(args, "KO", &off, &obj)) return NULL;
+  Py_buffer src;
+  if (PyObject_GetBuffer(obj, &src, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+  char *dst = (char *)at(self, off, (uint64_t)src.len, 0);
+  if (dst) {
+    if (src.len > (1 << 16)) {
+      Py_BEGIN_ALLOW_THREADS memcpy(dst, src.buf, (size_t)src.len);
+      Py_END_ALLOW_THREADS
+    } else {
+      memcpy(dst, src.buf, (size_t)src.len);
+    }
+  }
+  Py_ssize_t n = src.len;
+  PyBuffer_Release(&src);
+  return dst ? PyLong_FromSsize_t(n) : NULL;
+}
+
+/* locate(obj) -> offset of obj's (C-contiguous) memory inside this mapping, or -1. */
+static PyObject *m_locate(Mapping *self, PyObject *obj) {
+  Py_buffer b;
+  if (PyObject_GetBuffer(obj, &b, PyBUF_C_CONTIGUOUS) < 0) {
+    PyErr_Clear();
+    return PyLong_FromLong(-1);
+  }
+  long long off = -1;
+  if (self->base && (char *)b.buf >= self->base &&
+      (uint64_t)((char *)b.buf - self->base) + (uint64_t)b.len <= self->size)
+    off = (long long)((char *)b.buf - self->base);
+  PyBuffer_Release(&b);
+  return PyLong_FromLongLong(off);
+}
+
+/* read_shadow(off) -> (client_id, slot, generation, lease, batch_rows, inputs, outputs)
+ * from a validated shms_shadow in the server segment. */
+static PyObject *m_read_shadow(Mapping *self, PyObject *arg) {
+  shms_shadow *sh = (shms_shadow *)at(self, PyLong_AsUnsignedLongLong(arg), sizeof(shms_shadow), 8);
+  if (!sh) return NULL;
+  const shms_request *r = &sh->request;
+  return Py_BuildValue("(IIIIINN)", sh->client_id, sh->slot, sh->generation, sh->lease,
+                       sh->batch_rows, refs_to_list(r->inputs, r->n_inputs),
+                       refs_to_list(r->outputs, r->n_outputs));
+}
+
+/* store32_many(offset, [u32...]): plain stores of consecutive u32s; publish them
+ * afterwards with a seq_cst store32 of the word that guards them. */
+static PyObject *m_store32_many(Mapping *self, PyObject *args) {
+  unsigned long long off;
+  PyObject *list;
+  if (!PyArg_ParseTuple(args, "KO", &off, &list)) return NULL;
+  PyObject *seq = PySequence_Fast(list, "expected a sequence of ints");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  uint32_t *dst = (uint32_t *)at(self, off, (uint64_t)n * 4, 4);
+  for (Py_ssize_t i = 0; dst && i < n; i++) {
+    dst[i] = (uint32_t)PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (PyErr_Occurred()) dst = NULL;
+  }
+  Py_DECREF(seq);
+  if (!dst) return NULL;
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mapping_methods[] = {
+    {"put", (PyCFunction)m_put, METH_VARARGS, "Copy a contiguous buffer in at offset."},
+    {"locate", (PyCFunction)m_locate, METH_O, "Offset of a buffer inside the mapping, or -1."},
+    {"read_shadow", (PyCFunction)m_read_shadow, METH_O, "Decode a validated request copy."},
+    {"store32_many", (PyCFunction)m_store32_many, METH_VARARGS, "Store consecutive u32s."},
     {"release", (PyCFunction)mapping_release, METH_NOARGS, "Release the buffer."},
     {"load32", (PyCFunction)m_load32, METH_O, "Atomic acquire load of a u32 at offset."},
     {"load64", (PyCFunction)m_load64, METH_O, "Atomic acquire load of a u64 at offset."},
