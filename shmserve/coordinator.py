@@ -344,10 +344,9 @@ class Coordinator:
                 delay = min(0.1 * 2 ** child.restarts, 5.0)
                 log.error("%s (pid %d) exited with code %s; restart %d in %.1fs", child.role,
                           child.proc.pid, code, child.restarts, delay)
-                if child.role == "worker":
+                if child.role == "worker":  # no dispatch to it until the new one loaded
                     mb = self.layout.mailbox(child.boot["worker_index"])
                     self.server.ops.store32(mb + L["mailbox.pid"], 0)
-                    self.server.ops.store32(mb + L["mailbox.state"], 0)
                 child.proc = None
                 await asyncio.sleep(delay)
                 self.spawn(child)

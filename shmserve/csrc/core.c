@@ -416,6 +416,11 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   if (model_id >= n_models)
     return Py_BuildValue("(is)", SHMS_ERR_NOT_FOUND, "request names an unknown model id");
   shms_model_entry *m = &models[model_id];
+  if (!shms_load(&m->ready, memory_order_acquire)) {
+    snprintf(err, sizeof err, "model '%s' version %lld is not available (it failed to load; "
+             "see `shmserve models`)", m->name, (long long)m->version);
+    return Py_BuildValue("(is)", SHMS_ERR_UNAVAILABLE, err);
+  }
   uint32_t rows = 0;
   int st = shms_validate_request(&sh->request, m, data_begin, arena->size, &rows, err, sizeof err);
   if (st != SHMS_OK) return Py_BuildValue("(is)", st, err);
