@@ -141,17 +141,18 @@ class Coordinator:
             self.children.append(Child("worker", self.boot_message(
                 worker_index=index, model_id=model_id, model=self.specs[model_id].to_dict())))
 
-    def spawn(self, child: Child) -> None:
+    def spawn(self, child: Child, handshake: bool = False) -> None:
+        """Starts a child; with handshake, its stdout is a pipe on which a worker says
+        whether its model loaded (read by start_children)."""
         child.proc = subprocess.Popen([sys.executable, "-m", f"shmserve.{child.role}"],
                                       stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE if child.role == "worker" else None,
-                                      start_new_session=False)
+                                      stdout=subprocess.PIPE if handshake else subprocess.DEVNULL)
         child.proc.stdin.write((json.dumps(child.boot) + "\n").encode())
         child.proc.stdin.close()
 
     def start_children(self) -> None:
         for child in self.children:
-            self.spawn(child)
+            self.spawn(child, handshake=child.role == "worker")
         # Workers say on stdout whether their model loaded.
         for child in self.children:
             if child.role != "worker":
@@ -350,8 +351,6 @@ class Coordinator:
                 child.proc = None
                 await asyncio.sleep(delay)
                 self.spawn(child)
-                if child.role == "worker":
-                    child.proc.stdout.close()
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
             except asyncio.TimeoutError:
