@@ -128,9 +128,10 @@ class Batcher:
             Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off))
 
     def maybe_reclaim(self, owner: int) -> bool:
-        """The ring head is claimed by `owner`: skip it if that lease is dead."""
+        """The ring head is claimed by `owner`: skip it if that lease is dead (or the
+        owner is no client at all: a forged claim)."""
         if owner >= self.maps.layout.max_clients:
-            return False
+            return self.maps.ctl.ring_reclaim(owner)
         state, _ = self.maps.lease_of(owner)
         if state == ClientState.ALIVE:  # it will publish
             return False

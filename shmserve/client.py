@@ -398,10 +398,23 @@ class Client:
 
     # -- completion ----------------------------------------------------------------------
     def _check_server(self) -> None:
+        """Raises ServerDeadError if the server stopped or died: its state word, its
+        pid, and end-of-file on the control socket (the lease) all say so."""
         if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
             raise errors.ServerDeadError(f"server '{self.name}' has stopped")
         if not pid_alive(self.server_pid):
             raise errors.ServerDeadError(f"server '{self.name}' (pid {self.server_pid}) died")
+        if self._sock_lock.acquire(blocking=False):
+            try:
+                eof = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:
+                eof = False
+            except OSError:
+                eof = True
+            finally:
+                self._sock_lock.release()
+            if eof:
+                raise errors.ServerDeadError(f"server '{self.name}' closed this client's lease")
 
     def _done(self, req: _Request) -> bool:
         off = self._slots_offset + req.slot * P.SLOT_BYTES

@@ -113,6 +113,9 @@ class Worker:
                 live.append(req)
         if not live:
             return
+        live = self.decode_bytes_inputs(live)
+        if not live:
+            return
         start = time.monotonic_ns()
         try:
             inputs = self.gather(live)
@@ -135,7 +138,7 @@ class Worker:
                 st, m, results = status, msg, []
             row += req.rows
             ok += st == Status.OK
-            req.arena.ops.complete(req.slot_off, req.generation, int(st), m[:255], results)
+            req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
         m_id = self.model_id
         self.maps.model_add(m_id, "execution_count", 1)
         self.maps.model_add(m_id, "compute_ns", compute_ns)
@@ -146,18 +149,37 @@ class Worker:
         self.maps.srv.add64(self.maps.layout.model(m_id) + L["model.batch_requests"] + 8 * hist, 1)
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
+    def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:
+        """Parses BYTES inputs request by request: a malformed one fails only its own
+        request. Parsed arrays replace the buffer references in req.inputs."""
+        if not any(t.dtype == BYTES for t in self.spec.inputs):
+            return live
+        kept = []
+        for req in live:
+            buf, parsed = req.arena.buffer, []
+            try:
+                for ref in req.inputs:
+                    index, dtype, offset, nbytes, shape = ref
+                    if dtype == BYTES:
+                        ref = (index, dtype, decode_bytes(buf[offset:offset + nbytes], shape), 0, shape)
+                    parsed.append(ref)
+            except ValueError as e:
+                name = self.spec.inputs[index].name
+                req.arena.ops.complete(req.slot_off, req.generation, int(Status.INVALID_ARG),
+                                       _clip(f"model '{self.spec.name}' input '{name}': {e}"), [])
+                self.maps.model_add(self.model_id, "request_failure", 1)
+                continue
+            req.inputs = parsed
+            kept.append(req)
+        return kept
+
     def gather(self, live: list[Request]) -> dict:
         per_input: list[list] = [[] for _ in self.spec.inputs]
         for req in live:
             buf = req.arena.buffer
             for index, dtype, offset, nbytes, shape in req.inputs:
                 if dtype == BYTES:
-                    try:
-                        arr = decode_bytes(buf[offset:offset + nbytes], shape)
-                    except ValueError as e:
-                        raise BatchError(Status.INVALID_ARG,
-                                         f"model '{self.spec.name}' input "
-                                         f"'{self.spec.inputs[index].name}': {e}") from None
+                    arr = offset  # parsed by decode_bytes_inputs
                 else:
                     dt = numpy_dtype(dtype)
                     arr = np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
@@ -221,6 +243,11 @@ class Worker:
                     f"model '{self.spec.name}': output buffer too small for {', '.join(too_small)}",
                     results)
         return Status.OK, "", results
+
+
+def _clip(message: str, limit: int = L["ERROR_BYTES"] - 1) -> str:
+    """An error message that fits the slot, cut on a UTF-8 character boundary."""
+    return message.encode()[:limit].decode(errors="ignore")
 
 
 def main() -> None:

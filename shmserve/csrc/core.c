@@ -317,13 +317,15 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
   if (shms_load(&s->state, memory_order_acquire) != SHMS_SLOT_DONE) Py_RETURN_NONE;
   char err[SHMS_ERROR_BYTES];
   shms_copy_name(err, sizeof err, s->error, sizeof s->error);
+  PyObject *msg = PyUnicode_DecodeUTF8(err, (Py_ssize_t)strlen(err), "replace");
+  if (!msg) return NULL;
   PyObject *results = refs_to_list(s->results, s->status == SHMS_OK ||
                                    s->status == SHMS_ERR_OUTPUT_TOO_SMALL ? s->n_results : 0);
   if (!results) return NULL;
   PyObject *ts = PyTuple_New(SHMS_T_COUNT);
   for (int i = 0; i < SHMS_T_COUNT; i++)
     PyTuple_SET_ITEM(ts, i, PyLong_FromUnsignedLongLong(s->t_ns[i]));
-  return Py_BuildValue("(isNN)", s->status, err, results, ts);
+  return Py_BuildValue("(iNNN)", s->status, msg, results, ts);
 }
 
 /* Reads a shms_request at `off` (e.g. a shadow copy):
@@ -430,11 +432,13 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   int64_t key[SHMS_MAX_TENSORS * SHMS_MAX_DIMS];
   size_t nk = 0;
   uint32_t skip = m->max_batch_size > 0;
-  for (uint32_t i = 0; i < sh->request.n_inputs; i++) {
-    shms_tensor_ref *t = &sh->request.inputs[i];
-    key[nk++] = ((int64_t)t->index << 32) | t->ndim;
-    for (uint32_t d = skip; d < t->ndim; d++) key[nk++] = t->shape[d];
-  }
+  for (uint32_t k = 0; k < m->n_inputs; k++) /* in model order, whatever the request's */
+    for (uint32_t i = 0; i < sh->request.n_inputs; i++) {
+      shms_tensor_ref *t = &sh->request.inputs[i];
+      if (t->index != k) continue;
+      key[nk++] = ((int64_t)t->index << 32) | t->ndim;
+      for (uint32_t d = skip; d < t->ndim; d++) key[nk++] = t->shape[d];
+    }
   return Py_BuildValue("(IIy#)", model_id, rows, (const char *)key, (Py_ssize_t)(nk * sizeof(int64_t)));
 }
 
