@@ -79,6 +79,7 @@ def child_setup(role: str) -> dict:
     import signal
 
     _core.set_parent_death_signal(signal.SIGKILL)
+    _core.set_timer_slack(1000)  # max_queue_delay deadlines are tens of microseconds
     boot = json.loads(sys.stdin.readline())
     if os.getppid() != boot["coordinator_pid"]:  # the coordinator died before prctl
         sys.exit(1)

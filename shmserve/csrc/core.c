@@ -599,6 +599,12 @@ static PyObject *f_set_parent_death_signal(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+static PyObject *f_set_timer_slack(PyObject *m, PyObject *arg) {
+  if (prctl(PR_SET_TIMERSLACK, (unsigned long)PyLong_AsUnsignedLong(arg)) != 0)
+    return PyErr_SetFromErrno(PyExc_OSError);
+  Py_RETURN_NONE;
+}
+
 #define ADD(d, name, value)                                         \
   do {                                                              \
     PyObject *v_ = PyLong_FromUnsignedLongLong((unsigned long long)(value)); \
@@ -700,6 +706,8 @@ static PyMethodDef module_methods[] = {
     {"set_parent_death_signal", f_set_parent_death_signal, METH_O,
      "prctl(PR_SET_PDEATHSIG): get this signal when the parent dies."},
     {"layout", f_layout, METH_NOARGS, "Sizes, offsets and constants of shmserve.h."},
+    {"set_timer_slack", f_set_timer_slack, METH_O,
+     "prctl(PR_SET_TIMERSLACK, ns): how late a timed futex wait may wake (default 50 us)."},
     {NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "shmserve._core",
