@@ -25,6 +25,7 @@ def cmd_serve(args) -> int:
     return run(ServeOptions(model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
+                            metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper()))
 
 
@@ -117,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="microseconds the batcher and workers spin before they sleep on a futex "
                         "(default: 20 with 4+ CPUs, 0 below: spinners would take the CPU "
                         "the next process in the chain needs)")
+    s.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics (Triton's families) on this port")
+    s.add_argument("--metrics-address", default="127.0.0.1",
+                   help="address for the metrics endpoint (loopback unless told otherwise)")
     s.add_argument("--log-level", default="info")
     s.set_defaults(fn=cmd_serve)
 

@@ -38,6 +38,8 @@ class ServeOptions:
     max_arena_bytes: int = 1 << 30
     spin_us: int | None = None  # None: 20 with 4+ CPUs, else 0 (see cli --spin-us)
     load_timeout_s: float = 120.0
+    metrics_port: int | None = None  # Prometheus /metrics; off unless given
+    metrics_address: str = "127.0.0.1"
     log_level: str = "INFO"
 
 
@@ -400,11 +402,21 @@ class Coordinator:
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
+        metrics = None
+        if self.opts.metrics_port is not None:
+            from .metrics import serve_metrics
+
+            metrics = serve_metrics(lambda: self.stats(None), self.opts.metrics_port,
+                                    self.opts.metrics_address)
+            log.info("metrics on http://%s:%d/metrics", self.opts.metrics_address,
+                     self.opts.metrics_port)
         supervisor = asyncio.create_task(self.supervise(stop))
         await stop.wait()
         log.info("stopping")
         server.close()
         await supervisor
+        if metrics is not None:
+            metrics[0].shutdown()
 
 
 def _put(buf, offset: int, fmt: str, *values) -> None:
