@@ -139,22 +139,33 @@ class Batcher:
 
     # -- 2. hand batches to idle workers ---------------------------------------
     def dispatch(self) -> int | None:
-        """Returns the earliest deadline at which a waiting batch must go."""
+        """Hands batches to idle workers. Returns the earliest time (ns) at which the
+        loop must run again without being rung: a batch's queue delay running out, or
+        now when a worker went idle while we looked."""
         srv, layout = self.maps.srv, self.maps.layout
         deadline = None
         now = now_ns()
         for q in self.models:
+            busy = []
             for w in q.workers:
                 if not q.queue:
                     break
                 mb = layout.mailbox(w)
                 if srv.load32(mb + L["mailbox.state"]) != 0 or srv.load32(mb + L["mailbox.pid"]) == 0:
+                    busy.append(mb)
                     continue
                 batch, wait_until = q.next_batch(now)
                 if batch is None:
                     deadline = wait_until if deadline is None else min(deadline, wait_until)
                     break
                 self.hand_over(q, w, batch, now)
+            if q.queue and busy and len(busy) == len(q.workers):
+                # SYNC POINT: pairs with the worker's store of IDLE then load of
+                # batcher_waiting: either it rings us, or we see it idle here.
+                for mb in busy:
+                    srv.store32(mb + L["mailbox.batcher_waiting"], 1)
+                if any(srv.load32(mb + L["mailbox.state"]) == 0 for mb in busy):
+                    deadline = now
         return deadline
 
     def hand_over(self, q: ModelQueue, worker: int, batch: list[Pending], now: int) -> None:

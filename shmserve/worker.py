@@ -53,6 +53,7 @@ class Worker:
         self.model_id = boot["model_id"]
         self.spec = ModelSpec.from_dict(boot["model"])
         self.mailbox = self.maps.layout.mailbox(self.index)
+        self.model_off = self.maps.layout.model(self.model_id)
         self.batched = self.spec.max_batch_size > 0
         self.backend = None
 
@@ -61,6 +62,7 @@ class Worker:
         self.backend = load_backend(self.spec)
         self.answer_orphaned_batch()
         self.maps.srv.store32(self.mailbox + L["mailbox.pid"], os.getpid())
+        self.maps.ring_batcher()  # it may hold requests for this model already
 
     def answer_orphaned_batch(self) -> None:
         """A predecessor that died mid-batch left its mailbox ASSIGNED: those callers
@@ -85,6 +87,7 @@ class Worker:
     def serve_forever(self) -> None:
         srv, state = self.maps.srv, self.mailbox + L["mailbox.state"]
         sleeping = self.mailbox + L["mailbox.worker_sleeping"]
+        waiting = self.mailbox + L["mailbox.batcher_waiting"]
         while True:
             # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
             if not srv.doorbell_wait(state, sleeping, 0, self.maps.spin_ns, 200_000_000):
@@ -97,8 +100,11 @@ class Worker:
             self.run_batch(shadows)
             srv.add64(self.mailbox + L["mailbox.batches_done"], 1)
             srv.store32(state, 0)  # IDLE
-            # SYNC POINT: the batcher waits on its doorbell for idle workers.
-            self.maps.ring_batcher()
+            # SYNC POINT: pairs with the batcher's store of batcher_waiting then re-check
+            # of our state (seq_cst both): it is woken only when it has work waiting.
+            if srv.load32(waiting):
+                srv.store32(waiting, 0)
+                self.maps.ring_batcher()
 
     def run_batch(self, shadows: list[int]) -> None:
         live = []
@@ -139,14 +145,7 @@ class Worker:
             row += req.rows
             ok += st == Status.OK
             req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
-        m_id = self.model_id
-        self.maps.model_add(m_id, "execution_count", 1)
-        self.maps.model_add(m_id, "compute_ns", compute_ns)
-        self.maps.model_add(m_id, "inference_count", row)
-        self.maps.model_add(m_id, "request_success", ok)
-        self.maps.model_add(m_id, "request_failure", len(live) - ok)
-        hist = min(len(live), L["BATCH_HIST"]) - 1
-        self.maps.srv.add64(self.maps.layout.model(m_id) + L["model.batch_requests"] + 8 * hist, 1)
+        self.maps.srv.record_batch(self.model_off, len(live), row, ok, compute_ns)
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
     def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:

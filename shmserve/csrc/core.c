@@ -537,7 +537,26 @@ static PyObject *m_store32_many(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
+/* record_batch(model_off, n_requests, rows, n_ok, compute_ns): a worker's statistics
+ * for one execution, on the server mapping. */
+static PyObject *m_record_batch(Mapping *self, PyObject *args) {
+  unsigned long long off, compute_ns;
+  unsigned int n, rows, ok;
+  if (!PyArg_ParseTuple(args, "KIIIK", &off, &n, &rows, &ok, &compute_ns)) return NULL;
+  shms_model_entry *m = (shms_model_entry *)at(self, off, sizeof(shms_model_entry), 8);
+  if (!m) return NULL;
+  shms_fetch_add(&m->execution_count, 1u, memory_order_relaxed);
+  shms_fetch_add(&m->compute_ns, compute_ns, memory_order_relaxed);
+  shms_fetch_add(&m->inference_count, rows, memory_order_relaxed);
+  shms_fetch_add(&m->request_success, ok, memory_order_relaxed);
+  shms_fetch_add(&m->request_failure, n - ok, memory_order_relaxed);
+  if (n > 0) shms_fetch_add(&m->batch_requests[(n < SHMS_BATCH_HIST ? n : SHMS_BATCH_HIST) - 1], 1u,
+                            memory_order_relaxed);
+  Py_RETURN_NONE;
+}
+
 static PyMethodDef mapping_methods[] = {
+    {"record_batch", (PyCFunction)m_record_batch, METH_VARARGS, "Worker statistics of a batch."},
     {"put", (PyCFunction)m_put, METH_VARARGS, "Copy a contiguous buffer in at offset."},
     {"locate", (PyCFunction)m_locate, METH_O, "Offset of a buffer inside the mapping, or -1."},
     {"read_shadow", (PyCFunction)m_read_shadow, METH_O, "Decode a validated request copy."},
@@ -691,6 +710,7 @@ static PyObject *f_layout(PyObject *m, PyObject *unused) {
   ADD(d, "mailbox.model_id", offsetof(shms_mailbox, model_id));
   ADD(d, "mailbox.n", offsetof(shms_mailbox, n));
   ADD(d, "mailbox.pid", offsetof(shms_mailbox, pid));
+  ADD(d, "mailbox.batcher_waiting", offsetof(shms_mailbox, batcher_waiting));
   ADD(d, "mailbox.batches_done", offsetof(shms_mailbox, batches_done));
   ADD(d, "mailbox.shadow", offsetof(shms_mailbox, shadow));
   ADD(d, "server.size", sizeof(shms_server_header));

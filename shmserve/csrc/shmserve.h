@@ -296,7 +296,7 @@ typedef struct shms_mailbox {
   uint32_t model_id;
   uint32_t n;
   uint32_t pid; /* worker's pid, 0 until it started */
-  uint32_t reserved;
+  SHMS_ATOMIC(uint32_t) batcher_waiting; /* batcher has work for this model: ring when idle */
   uint64_t batches_done;
   uint32_t shadow[SHMS_MAX_BATCH_REQUESTS]; /* indices into the shadow table */
 } shms_mailbox;
