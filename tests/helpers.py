@@ -1,0 +1,515 @@
+"""Shared helpers of the test suite: writing model repositories, running real
+server processes, raw protocol access for hostile-client tests.
+
+Everything here drives real processes; nothing mocks the engine."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import shmserve
+from shmserve import protocol as P
+from shmserve.protocol import LAYOUT as L
+from shmserve.segments import SHM_DIR, Segment, remove_segments
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BUNDLED_REPO = REPO_ROOT / "model_repository"
+
+try:
+    import ml_dtypes
+
+    HAVE_BF16 = True
+except ImportError:  # pragma: no cover - depends on the environment
+    HAVE_BF16 = False
+
+DTYPES = ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64",
+          "FP16", "FP32", "FP64", "BYTES", "BF16"]
+
+
+# ---------------------------------------------------------------- model repositories
+
+def write_model(repo: Path, name: str, config: str, code: str | None = None,
+                versions=(1,)) -> Path:
+    """A python-backend model: <repo>/<name>/config.pbtxt and <v>/model.py."""
+    model_dir = repo / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(config)
+    for v in versions:
+        (model_dir / str(v)).mkdir(exist_ok=True)
+        if code is not None:
+            (model_dir / str(v) / "model.py").write_text(code)
+    return model_dir
+
+
+def tensor_config(name: str, dtype: str, dims) -> str:
+    triton_type = "TYPE_STRING" if dtype == "BYTES" else f"TYPE_{dtype}"
+    return f'{{ name: "{name}" data_type: {triton_type} dims: [ {", ".join(map(str, dims))} ] }}'
+
+
+def python_config(name: str, dtype: str = "FP32", dims=(-1,), max_batch_size: int = 8,
+                  dynamic_batching: str | None = "{ }", extra: str = "",
+                  out_dtype: str | None = None, out_dims=None) -> str:
+    lines = [f'name: "{name}"', 'backend: "python"', f"max_batch_size: {max_batch_size}",
+             f"input [ {tensor_config('INPUT0', dtype, dims)} ]",
+             f"output [ {tensor_config('OUTPUT0', out_dtype or dtype, out_dims or dims)} ]"]
+    if dynamic_batching is not None:
+        lines.append(f"dynamic_batching {dynamic_batching}")
+    lines.append(extra)
+    return "\n".join(lines) + "\n"
+
+
+IDENTITY_CODE = '''
+class TritonPythonModel:
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+'''
+
+# Sleeps INPUT0[0, 0] seconds, *then* reads its input: a caller that changes an
+# input living in its arena after submit() sees the change in the output (zero copy).
+SLEEPER_CODE = '''
+import time
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        x = inputs["INPUT0"]
+        time.sleep(float(abs(x.reshape(-1)[0])))
+        return {"OUTPUT0": x.copy()}
+'''
+
+SLOW_CODE = '''
+import time
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        time.sleep(0.002)
+        return {"OUTPUT0": inputs["INPUT0"].copy()}
+'''
+
+RAISER_CODE = '''
+import numpy as np
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        x = inputs["INPUT0"]
+        if (x < 0).any():
+            raise ValueError("boom: negative input")
+        if (x == 7777).any():
+            return {"OUTPUT0": x.astype(np.float64)}   # not the configured FP32
+        if (x == 8888).any():
+            return {"WRONG": x}
+        return {"OUTPUT0": x}
+'''
+
+VERSIONED_CODE = '''
+import numpy as np
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = int(args["model_version"])
+
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"] + np.int32(self.version)}
+'''
+
+GROW_CODE = '''
+import numpy as np
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        x = inputs["INPUT0"]
+        return {"OUTPUT0": np.concatenate([x, x, x], axis=1)}
+'''
+
+BROKEN_INIT_CODE = '''
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("cannot load weights")
+
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+'''
+
+CRASHER_CODE = '''
+import os
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        x = inputs["INPUT0"]
+        if (x < 0).any():
+            os._exit(7)           # the worker process dies mid-batch
+        return {"OUTPUT0": x.copy()}
+'''
+
+
+TWIN_CODE = '''
+import os
+import time
+import numpy as np
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        time.sleep(0.5)
+        return {"OUTPUT0": np.full((len(inputs["INPUT0"]), 1), os.getpid(), np.int64)}
+'''
+
+
+def copy_bundled(repo: Path, mlp_onnx: Path | None, names=("identity", "simple", "mlp")) -> None:
+    for name in names:
+        src = BUNDLED_REPO / name
+        dst = repo / name
+        (dst / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / "config.pbtxt", dst / "config.pbtxt")
+        if name == "mlp":
+            shutil.copy(mlp_onnx, dst / "1" / "model.onnx")
+        else:
+            shutil.copy(src / "1" / "model.py", dst / "1" / "model.py")
+
+
+def write_test_models(repo: Path) -> None:
+    """The extra models the end-to-end tests use (one python worker each)."""
+    for dt in DTYPES:
+        if dt == "BF16" and not HAVE_BF16:
+            continue
+        write_model(repo, f"id_{dt}", python_config(
+            f"id_{dt}", dt, (-1,), max_batch_size=16,
+            dynamic_batching="{ max_queue_delay_microseconds: 2000 }"), IDENTITY_CODE)
+    write_model(repo, "unbatched", python_config("unbatched", "INT16", (2, -1), max_batch_size=0,
+                                                 dynamic_batching=None), IDENTITY_CODE)
+    write_model(repo, "sleeper", python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
+                SLEEPER_CODE)
+    write_model(repo, "slow", python_config("slow", "FP32", (-1,), max_batch_size=64), SLOW_CODE)
+    write_model(repo, "raiser", python_config("raiser", "FP32", (-1,)), RAISER_CODE)
+    write_model(repo, "versioned", python_config(
+        "versioned", "INT32", (4,), extra="version_policy { all { } }"), VERSIONED_CODE,
+        versions=(1, 2))
+    write_model(repo, "grow", python_config("grow", "FP32", (-1,)), GROW_CODE)
+    write_model(repo, "broken", python_config("broken", "FP32", (-1,)), BROKEN_INIT_CODE)
+    write_model(repo, "preferred", python_config(
+        "preferred", "FP32", (-1,), dynamic_batching="{ preferred_batch_size: [ 4 ] "
+        "max_queue_delay_microseconds: 3000000 }"), IDENTITY_CODE)
+    write_model(repo, "twin", python_config(
+        "twin", "FP32", (-1,), dynamic_batching=None, out_dtype="INT64", out_dims=(1,),
+        extra="instance_group [ { count: 2 kind: KIND_CPU } ]"), TWIN_CODE)
+
+
+# ---------------------------------------------------------------- processes and /dev/shm
+
+def shm_entries(prefix: str) -> list[str]:
+    """/dev/shm entries of the server whose segment names start with `prefix`."""
+    base = prefix.lstrip("/") + "-"
+    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(base))
+
+
+def _stat_fields(pid: int):
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # comm may contain spaces: fields after the last ')'
+    rest = raw[raw.rindex(")") + 2:].split()
+    return rest  # rest[0] = state, rest[1] = ppid, rest[2] = pgrp
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        f = _stat_fields(int(entry))
+        if f and int(f[2]) == pgid and f[0] != "Z":
+            out.append(int(entry))
+    return sorted(out)
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        f = _stat_fields(int(entry))
+        if f and int(f[1]) == pid and f[0] != "Z":
+            out.append(int(entry))
+    return sorted(out)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+
+
+class ServerProcess:
+    """`python -m shmserve.cli serve` in its own session, with its own runtime dir."""
+
+    def __init__(self, repo: Path, name: str, runtime_dir: Path, log_path: Path, args=()):
+        self.repo, self.name, self.runtime_dir = repo, name, runtime_dir
+        self.log_path, self.args = log_path, list(args)
+        self.proc: subprocess.Popen | None = None
+        self.record: dict | None = None
+        self.clients: list = []
+
+    @property
+    def socket_path(self) -> Path:
+        return self.runtime_dir / f"{self.name}.sock"
+
+    @property
+    def record_path(self) -> Path:
+        return self.runtime_dir / f"{self.name}.json"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def prefix(self) -> str:
+        return self.record["prefix"]
+
+    def env(self) -> dict:
+        return {**os.environ, "SHMSERVE_RUNTIME_DIR": str(self.runtime_dir)}
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "shmserve.cli", "serve", "--model-repository",
+                str(self.repo), "--name", self.name, *self.args]
+
+    def start(self, timeout: float = 90.0) -> ServerProcess:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env(),
+                                     start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server '{self.name}' exited with code "
+                                   f"{self.proc.returncode} while starting:\n{self.log()}")
+            if self._connectable():
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server '{self.name}' not ready after {timeout} s:\n{self.log()}")
+            time.sleep(0.02)
+        self.record = json.loads(self.record_path.read_text())
+        assert self.record["pid"] == self.pid
+        return self
+
+    def _connectable(self) -> bool:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(self.socket_path))
+            return True
+        except OSError:
+            return False
+        finally:
+            s.close()
+
+    def client(self, **kw) -> shmserve.Client:
+        c = shmserve.Client(self.name, socket_path_=str(self.socket_path), **kw)
+        self.clients.append(c)
+        return c
+
+    def log(self, tail: int = 6000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-tail:]
+        except OSError:
+            return ""
+
+    def segments(self) -> list[str]:
+        return shm_entries(self.prefix)
+
+    def members(self) -> list[int]:
+        return group_members(self.pid)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Clean stop; returns the exit code."""
+        if self.running():
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the coordinator only (its children die by PDEATHSIG)."""
+        os.kill(self.pid, signal.SIGKILL)
+
+    def teardown(self) -> list[str]:
+        """Stops the server (SIGTERM, then SIGKILL of the whole group), then reports
+        leftovers: segments with its prefix, processes of its group. Leftovers are
+        removed after being reported, so that one failure does not leak into the
+        next test."""
+        problems = []
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception as e:  # a close that raises is a finding of its own
+                problems.append(f"Client.close() raised {type(e).__name__}: {e}")
+        self.clients.clear()
+        if self.proc is None:
+            return problems
+        if self.running():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                problems.append("server ignored SIGTERM for 15 s")
+        if self.proc.poll() is None or self.members():
+            if not wait_until(lambda: not self.members(), 5.0):
+                problems.append(f"processes left in the server's group: {self.members()}")
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait(10)
+        if self.record is not None:
+            left = self.segments()
+            if left:
+                problems.append(f"segments left in /dev/shm: {left}")
+                remove_segments(self.prefix)
+        return problems
+
+
+# ---------------------------------------------------------------- raw protocol client
+
+class RawLease:
+    """A client lease driven by hand, as a buggy or hostile caller would: the control
+    socket for the lease, then direct writes into its own slots and the ring."""
+
+    def __init__(self, socket_path: Path, arena_bytes: int = 1 << 20):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(socket_path))
+        self.sock.sendall(P.pack_frame({"op": P.OP_HELLO, "version": P.PROTOCOL_VERSION,
+                                        "pid": os.getpid(), "arena_bytes": arena_bytes}))
+        hello = P.recv_frame(self.sock)
+        assert hello["ok"], hello
+        self.hello = hello
+        self.client_id = hello["client_id"]
+        self.control = Segment(hello["control"])
+        self.arena = Segment(hello["arena"], hello["arena_bytes"])
+        self.ctl, self.ops, self.buf = self.control.ops, self.arena.ops, self.arena.buffer
+        self.arena_bytes = hello["arena_bytes"]
+        self.data_offset = hello["data_offset"]
+        self.n_slots = hello["n_slots"]
+        self.model_ids = {m["name"]: m["id"] for m in hello["models"]}
+        self.generations = [0] * self.n_slots
+
+    def slot_offset(self, slot: int) -> int:
+        return self.hello["slots_offset"] + slot * P.SLOT_BYTES
+
+    def write_raw_request(self, slot: int, model_id: int, n_inputs: int, n_outputs: int,
+                          inputs=(), outputs=()) -> int:
+        """Writes a shms_request byte by byte (no client-side checks at all). Each
+        tensor is (index, dtype, ndim, offset, nbytes, shape[<=8]). Returns the
+        generation to push."""
+        off = self.slot_offset(slot)
+        req = off + L["slot.request"]
+        self.buf[req:req + L["request.size"]] = bytes(L["request.size"])
+        struct.pack_into("<IIIIQQ", self.buf, req, model_id & 0xFFFFFFFF, n_inputs & 0xFFFFFFFF,
+                         n_outputs & 0xFFFFFFFF, 0, 0, 0)
+        ref = L["tensor_ref.size"]
+        for base, tensors in ((req + 32, inputs), (req + 32 + 16 * ref, outputs)):
+            for i, (index, dtype, ndim, offset, nbytes, shape) in enumerate(tensors):
+                shape = list(shape) + [0] * (8 - len(shape))
+                struct.pack_into("<IIIIQQ8q", self.buf, base + i * ref, index, dtype, ndim, 0,
+                                 offset & (2**64 - 1), nbytes & (2**64 - 1), *shape)
+        gen = self.generations[slot] = (self.generations[slot] + 1) & 0xFFFFFFFF
+        struct.pack_into("<I", self.buf, off + L["slot.generation"], gen)
+        self.ops.store32(off + L["slot.state"], P.SlotState.SUBMITTED)
+        return gen
+
+    def push(self, slot: int, gen: int, client_id: int | None = None) -> int:
+        cid = self.client_id if client_id is None else client_id
+        rc = self.ctl.ring_push(cid, slot, gen)
+        self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        return rc
+
+    def state(self, slot: int) -> int:
+        return self.ops.load32(self.slot_offset(slot) + L["slot.state"])
+
+    def wait_done(self, slot: int, timeout: float = 10.0):
+        """(status, error) once the server answered the slot, None on timeout."""
+        off = self.slot_offset(slot)
+        deadline = time.monotonic() + timeout
+        while self.ops.load32(off + L["slot.state"]) != P.SlotState.DONE:
+            if time.monotonic() > deadline:
+                return None
+            seen = self.ops.load32(L["arena.completions"])
+            if self.ops.load32(off + L["slot.state"]) == P.SlotState.DONE:
+                break
+            self.ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen, 0, 20_000_000)
+        status, error, _, _ = self.ops.read_result(off)
+        self.ops.store32(off + L["slot.state"], P.SlotState.FREE)
+        return status, error
+
+    def close(self) -> None:
+        self.sock.close()
+        self.control.close()
+        self.arena.close()
+
+
+def assert_serving(client, model: str = "identity") -> None:
+    """The server still answers a plain request correctly."""
+    x = np.arange(12, dtype=np.float32).reshape(1, 12)
+    out = client.infer(model, {"INPUT0": x}, copy=True, timeout=30)
+    np.testing.assert_array_equal(out["OUTPUT0"], x)
+
+
+def doomed_client(socket_path: str, name: str, ready) -> None:
+    """Child process: sends a request to the sleeper and waits to be killed."""
+    c = shmserve.Client(name, socket_path_=socket_path, arena_bytes=1 << 20)
+    c.submit("sleeper", {"INPUT0": np.array([[3.0]], np.float32)})
+    ready.set()
+    time.sleep(60)
+
+
+def busy_client(socket_path: str, name: str, index: int, n: int) -> str:
+    """Child process: its own Client, its own data, checks its own answers.
+    Returns "" on success, else what went wrong."""
+    rng = np.random.default_rng(1000 + index)
+    try:
+        with shmserve.Client(name, socket_path_=socket_path, arena_bytes=4 << 20) as c:
+            for i in range(n):
+                a = rng.integers(-1000, 1000, (1 + i % 3, 16), dtype=np.int32)
+                b = np.full_like(a, index)
+                out = c.infer("simple", {"INPUT0": a, "INPUT1": b})
+                if not (np.array_equal(out["OUTPUT0"], a + b)
+                        and np.array_equal(out["OUTPUT1"], a - b)):
+                    return f"client {index}: wrong answer from simple at request {i}"
+                x = rng.standard_normal((1 + i % 2, 33)) + index
+                if not np.array_equal(c.infer("id_FP64", [x])["OUTPUT0"], x):
+                    return f"client {index}: wrong answer from id_FP64 at request {i}"
+                y = np.full((1, 8), index * 1000 + i, np.float32)
+                if not np.array_equal(c.infer("slow", [y])["OUTPUT0"], y):
+                    return f"client {index}: wrong answer from slow at request {i}"
+    except Exception as e:  # reported, not raised: the parent asserts on it
+        return f"client {index}: {type(e).__name__}: {e}"
+    return ""
+
+
+def truncating_client(socket_path: str, ready) -> None:
+    """Child process: a hostile caller that shrinks its own arena to 0 bytes while
+    the server works on its request (it must not touch the mapping afterwards)."""
+    raw = RawLease(Path(socket_path))
+    d = raw.data_offset
+    raw.buf[d:d + 4] = np.array([0.5], np.float32).tobytes()
+    gen = raw.write_raw_request(0, raw.model_ids["sleeper"], 1, 1,
+                                [(0, 11, 2, d, 4, (1, 1))], [(0, 0, 0, d + 4096, 4096, ())])
+    raw.push(0, gen)
+    wait_until(lambda: raw.state(0) == P.SlotState.RUNNING, 10)
+    fd = os.open(str(SHM_DIR / raw.hello["arena"].lstrip("/")), os.O_RDWR)
+    os.ftruncate(fd, 0)
+    ready.set()
+    time.sleep(60)

@@ -1,0 +1,327 @@
+"""A buggy or hostile co-located caller writes whatever it likes into its own slots,
+its arena and the shared ring. The server must refuse malformed requests with an
+error for that caller only, and never crash or stop serving the others."""
+from __future__ import annotations
+
+import multiprocessing
+import struct
+import time
+
+import helpers
+import numpy as np
+import pytest
+from helpers import SLEEPER_CODE, RawLease, assert_serving, python_config, write_model
+
+from shmserve import errors
+from shmserve.protocol import LAYOUT as L
+from shmserve.protocol import SlotState, Status
+
+pytestmark = pytest.mark.timeout(60)
+
+FP32, BYTES = 11, 13
+BAD = {Status.BAD_DESCRIPTOR, Status.INVALID_ARG}
+
+
+@pytest.fixture(scope="module")
+def raw(main_server):
+    lease = RawLease(main_server.socket_path, arena_bytes=1 << 20)
+    children = main_server.members()
+    yield lease
+    lease.close()
+    # Nobody crashed or was restarted because of what this module sent.
+    assert main_server.members() == children
+
+
+def cases(raw: RawLease):
+    """name -> (model, n_inputs, n_outputs, inputs, outputs, expected statuses, message)."""
+    d, end = raw.data_offset, raw.arena_bytes
+    slots = raw.hello["slots_offset"]
+    good_in = (0, FP32, 2, d, 16, (1, 4))
+    good_out = (0, 0, 0, d + 4096, 4096, ())
+    huge = 2**64 - 64
+    return {
+        "input offset past the arena": ("identity", 1, 1, [(0, FP32, 2, end + 64, 16, (1, 4))],
+                                        [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
+        "input in the slot table": ("identity", 1, 1, [(0, FP32, 2, slots, 16, (1, 4))],
+                                    [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
+        "input in the arena header": ("identity", 1, 1, [(0, FP32, 2, 0, 16, (1, 4))],
+                                      [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
+        "input offset unaligned": ("identity", 1, 1, [(0, FP32, 2, d + 8, 16, (1, 4))],
+                                   [good_out], {Status.BAD_DESCRIPTOR}, "INPUT0"),
+        "input nbytes 2^63": ("identity", 1, 1, [(0, FP32, 2, d, 2**63, (1, 4))], [good_out],
+                              {Status.BAD_DESCRIPTOR}, "outside"),
+        "input offset wraps around": ("identity", 1, 1, [(0, FP32, 2, huge, 128, (1, 32))],
+                                      [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
+        "1000 inputs": ("identity", 1000, 1, [good_in], [good_out], {Status.BAD_DESCRIPTOR},
+                        "1000 inputs"),
+        "1000 outputs": ("identity", 1, 1000, [good_in], [good_out], {Status.BAD_DESCRIPTOR},
+                         "1000 outputs"),
+        "ndim 99": ("identity", 1, 1, [(0, FP32, 99, d, 16, (1, 4))], [good_out], BAD, "99"),
+        "negative dimension": ("identity", 1, 1, [(0, FP32, 2, d, 16, (1, -4))], [good_out], BAD,
+                               "negative"),
+        "negative batch": ("identity", 1, 1, [(0, FP32, 2, d, 16, (-1, -4))], [good_out], BAD,
+                           "INPUT0"),
+        "shape overflows": ("identity", 1, 1, [(0, FP32, 2, d, 16, (1, 2**62))], [good_out], BAD,
+                            "INPUT0"),
+        "nbytes not the shape's": ("identity", 1, 1, [(0, FP32, 2, d, 20, (1, 4))], [good_out],
+                                   BAD, "20"),
+        "unknown model id": (10**6, 1, 1, [good_in], [good_out], {Status.NOT_FOUND}, "model"),
+        "input index out of range": ("identity", 1, 1, [(15, FP32, 2, d, 16, (1, 4))],
+                                     [good_out], BAD, "15"),
+        "dtype 200": ("identity", 1, 1, [(0, 200, 2, d, 16, (1, 4))], [good_out], BAD,
+                      "data type"),
+        "input given twice": ("simple", 2, 2, [(0, 8, 2, d, 64, (1, 16))] * 2,
+                              [good_out, (1, 0, 0, d + 8192, 4096, ())], BAD, "twice"),
+        "no output": ("identity", 1, 0, [good_in], [], BAD, "no output"),
+        "output index out of range": ("identity", 1, 1, [good_in], [(3, 0, 0, d + 4096, 64, ())],
+                                      BAD, "output index 3"),
+        "output twice": ("identity", 1, 2, [good_in], [good_out, good_out], BAD, "twice"),
+        "output past the arena": ("identity", 1, 1, [good_in], [(0, 0, 0, end - 64, 4096, ())],
+                                  {Status.BAD_DESCRIPTOR}, "outside"),
+        "output into the slot table": ("identity", 1, 1, [good_in], [(0, 0, 0, slots, 4096, ())],
+                                       {Status.BAD_DESCRIPTOR}, "outside"),
+        "output into the arena header": ("identity", 1, 1, [good_in], [(0, 0, 0, 0, 64, ())],
+                                         {Status.BAD_DESCRIPTOR}, "outside"),
+        "BYTES length past its buffer": ("id_BYTES", 1, 1, [(0, BYTES, 2, d + 8192, 8, (1, 1))],
+                                         [good_out], BAD, "claims"),
+        "BYTES fewer elements than shape": ("id_BYTES", 1, 1,
+                                            [(0, BYTES, 2, d + 8192, 8, (1, 1000))], [good_out],
+                                            BAD, "INPUT0"),
+    }
+
+
+def _case_names():
+    class Shape:  # only the names are needed at collection time
+        data_offset, arena_bytes, hello = 4096, 1 << 20, {"slots_offset": 128}
+    return list(cases(Shape()))
+
+
+@pytest.mark.parametrize("case", _case_names())
+def test_malformed_descriptor_is_refused(raw, client, case):
+    model, n_in, n_out, inputs, outputs, expected, text = cases(raw)[case]
+    model_id = raw.model_ids[model] if isinstance(model, str) else model
+    d = raw.data_offset
+    raw.buf[d:d + 16] = np.arange(4, dtype=np.float32).tobytes()
+    struct.pack_into("<II", raw.buf, d + 8192, 0xFFFFFFF0, 0)  # a BYTES length of ~4 GiB
+    gen = raw.write_raw_request(0, model_id, n_in, n_out, inputs, outputs)
+    assert raw.push(0, gen) == 0
+    answer = raw.wait_done(0, timeout=20)
+    assert answer is not None, "the server never answered a malformed request"
+    status, message = answer
+    assert status in expected, (Status(status).name, message)
+    assert text in message, message
+    if isinstance(model, str):
+        assert f"'{model}'" in message, message
+    assert_serving(client)
+
+
+def test_well_formed_raw_request_works(raw):
+    """The raw writer itself is right: the same path with a valid descriptor."""
+    d = raw.data_offset
+    x = np.array([[1.5, -2, 3, 4]], np.float32)
+    raw.buf[d:d + 16] = x.tobytes()
+    gen = raw.write_raw_request(0, raw.model_ids["identity"], 1, 1, [(0, FP32, 2, d, 16, (1, 4))],
+                                [(0, 0, 0, d + 4096, 4096, ())])
+    raw.push(0, gen)
+    status, message = raw.wait_done(0)
+    assert (status, message) == (Status.OK, "")
+    assert bytes(raw.buf[d + 4096:d + 4112]) == x.tobytes()
+
+
+def test_bogus_ring_entries_are_ignored(raw, client, main_server):
+    d = raw.data_offset
+    raw.buf[d:d + 16] = bytes(16)
+    gen = raw.write_raw_request(1, raw.model_ids["identity"], 1, 1, [(0, FP32, 2, d, 16, (1, 4))],
+                                [(0, 0, 0, d + 4096, 4096, ())])
+    raw.push(1, gen + 5)          # wrong generation
+    raw.push(10**6, gen)          # no such slot
+    raw.push(1, gen, client_id=63)                         # a client id with no lease
+    raw.push(1, gen, client_id=2**31 - 1)                  # no such client at all
+    raw.push(1, gen, client_id=client.client_id)           # someone else's (idle) slot
+    time.sleep(0.3)
+    assert_serving(client)
+    # The slot whose entries were all bogus is still unanswered; its real entry works.
+    assert raw.state(1) == SlotState.SUBMITTED
+    raw.push(1, gen)
+    assert raw.wait_done(1) == (Status.OK, "")
+
+
+def test_garbage_bytes_request_fails_alone(raw, main_server, make_client):
+    """A malformed BYTES request batched with a good one fails only itself."""
+    c = make_client(arena_bytes=1 << 20)
+    good = np.array([[b"fine", b""]], dtype=object)
+    d = raw.data_offset
+    struct.pack_into("<I", raw.buf, d + 8192, 0xFFFFFFF0)
+    for _ in range(10):
+        gen = raw.write_raw_request(0, raw.model_ids["id_BYTES"], 1, 1,
+                                    [(0, BYTES, 2, d + 8192, 8, (1, 1))],
+                                    [(0, 0, 0, d + 4096, 4096, ())])
+        raw.push(0, gen)
+        out = c.submit("id_BYTES", [good])
+        assert out.result(timeout=20)["OUTPUT0"].tolist() == good.tolist()
+        assert raw.wait_done(0)[0] in BAD
+
+
+# ---------------------------------------------------------------- attacks that need a server of their own
+
+def with_sleeper(repo):
+    write_model(repo, "sleeper", python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
+                SLEEPER_CODE)
+
+
+def _running_raw_request(raw: RawLease, seconds: float):
+    d = raw.data_offset
+    raw.buf[d:d + 4] = np.array([seconds], np.float32).tobytes()
+    gen = raw.write_raw_request(0, raw.model_ids["sleeper"], 1, 1, [(0, FP32, 2, d, 4, (1, 1))],
+                                [(0, 0, 0, d + 4096, 4096, ())])
+    raw.push(0, gen)
+    assert helpers.wait_until(lambda: raw.state(0) == SlotState.RUNNING, 10)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a caller that overwrites its own arena header "
+                   "while its request runs kills the worker: Mapping.complete() checks the "
+                   "arena magic and raises ValueError (csrc/core.c arena_of via m_complete), "
+                   "uncaught in worker.run_batch; the restarted worker hits the same arena in "
+                   "answer_orphaned_batch, so the model is lost for every caller")
+def test_arena_header_overwritten_while_running(server_factory):
+    server = server_factory(setup=with_sleeper)
+    victim = server.client(arena_bytes=1 << 20)
+    raw = RawLease(server.socket_path)
+    try:
+        before = server.members()
+        _running_raw_request(raw, 0.5)
+        raw.buf[0:8] = bytes(8)  # the magic
+        time.sleep(1.0)
+        x = np.array([[0.0, 1.0]], np.float32)
+        np.testing.assert_array_equal(victim.infer("sleeper", [x], timeout=3)["OUTPUT0"], x)
+        assert server.members() == before, "a server process died:\n" + server.log(1500)
+    finally:
+        raw.close()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a caller can shrink its own arena (ftruncate on "
+                   "the shm segment it opened read-write) while the server works on it; the "
+                   "worker's next access to that mapping is a SIGBUS and the worker dies "
+                   "(segments.Segment maps a plain POSIX shm object; no seals, no SIGBUS "
+                   "handling)")
+def test_arena_truncated_by_its_client(server_factory):
+    server = server_factory(setup=with_sleeper)
+    victim = server.client(arena_bytes=1 << 20)
+    before = server.members()
+    ctx = multiprocessing.get_context("spawn")
+    ready = ctx.Event()
+    proc = ctx.Process(target=helpers.truncating_client, args=(str(server.socket_path), ready))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        time.sleep(1.0)  # the sleeper wakes up and writes its output
+        x = np.array([[0.0, 1.0]], np.float32)
+        np.testing.assert_array_equal(victim.infer("sleeper", [x], timeout=3)["OUTPUT0"], x)
+        assert server.members() == before, "a server process died:\n" + server.log(1500)
+    finally:
+        proc.kill()
+        proc.join()
+
+
+def _claim_head_forever(raw: RawLease, victim):
+    pos = raw.ctl.load64(L["control.enqueue_pos"])
+    cap = raw.ctl.load32(L["control.ring_capacity"])
+    cell = L["control.size"] + (pos % cap) * L["ring_cell.size"]
+    word = (1 << 63) | (raw.client_id << 32) | (pos & 0xFFFFFFFF)
+    raw.ctl.store64(cell, word)  # claimed by a live client that never publishes
+    raw.ctl.store64(L["control.enqueue_pos"], pos + 1)
+
+
+def _stop_flag(raw: RawLease, victim):
+    raw.ctl.store32(L["control.server_state"], 2)  # STOPPED
+
+
+def _jump_enqueue(raw: RawLease, victim):
+    raw.ctl.store64(L["control.enqueue_pos"], raw.ctl.load64(L["control.enqueue_pos"]) + 10**9)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: every caller maps the control block read-write, "
+                   "so one caller can stop the service for all: a ring cell claimed and never "
+                   "published by a live lease stalls the batcher forever (batcher.maybe_reclaim "
+                   "waits while the owner is ALIVE), server_state=STOPPED makes every client "
+                   "refuse to send (client._submit), a forward jump of enqueue_pos makes every "
+                   "push FULL (shms_ring_push)")
+@pytest.mark.parametrize("attack", [_claim_head_forever, _stop_flag, _jump_enqueue],
+                         ids=["claim-never-published", "server-state-stopped", "enqueue-jump"])
+def test_control_block_vandalism_affects_only_the_vandal(server_factory, attack):
+    server = server_factory()
+    victim = server.client(arena_bytes=1 << 20)
+    assert_serving(victim)
+    raw = RawLease(server.socket_path)
+    try:
+        attack(raw, victim)
+        x = np.ones((1, 4), np.float32)
+        try:
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=3)["OUTPUT0"], x)
+        except errors.ShmServeError as e:
+            pytest.fail(f"one caller's writes broke the service for another: {e!r}")
+    finally:
+        raw.close()
+
+
+# ---------------------------------------------------------------- the control socket
+
+def _exchange(sock, body: bytes) -> dict:
+    from shmserve import protocol as P
+
+    sock.sendall(P.FRAME_HEADER.pack(len(body)) + body)
+    return P.recv_frame(sock)
+
+
+MALFORMED_CONTROL = {
+    "not msgpack": b"hello",
+    "not a map": __import__("msgpack").packb([1, 2]),
+    "unknown op": __import__("msgpack").packb({"op": "format_disk"}),
+    "arena size not a number": __import__("msgpack").packb(
+        {"op": "hello", "version": 1, "arena_bytes": "lots"}),
+    "wrong protocol version": __import__("msgpack").packb(
+        {"op": "hello", "version": 99, "arena_bytes": 4096}),
+    "version not a number": __import__("msgpack").packb(
+        {"op": "metadata", "model": "identity", "version": "abc"}),
+    "model name not a string": __import__("msgpack").packb({"op": "metadata", "model": [1]}),
+}
+
+
+def test_malformed_control_messages_get_error_replies(main_server, client):
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(main_server.socket_path))
+    sock.settimeout(10)
+    try:
+        for name, body in MALFORMED_CONTROL.items():
+            reply = _exchange(sock, body)  # same connection: it stays usable
+            assert reply["ok"] is False and reply["error"], (name, reply)
+        # an oversized frame ends that connection, and only that one
+        from shmserve import protocol as P
+        sock.sendall(P.FRAME_HEADER.pack(P.MAX_FRAME_BYTES + 1))
+        assert sock.recv(1) == b""
+    finally:
+        sock.close()
+    assert_serving(client)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: hello with arena_bytes=inf (any float msgpack "
+                   "can carry) raises OverflowError in coordinator.open_lease "
+                   "(int(float('inf'))), which on_connection does not catch (only ValueError/"
+                   "TypeError): the connection is dropped with a traceback in the server log "
+                   "instead of an error reply")
+def test_infinite_arena_request_gets_an_error_reply(main_server):
+    import socket
+
+    import msgpack
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(main_server.socket_path))
+    sock.settimeout(10)
+    try:
+        reply = _exchange(sock, msgpack.packb({"op": "hello", "version": 1,
+                                               "arena_bytes": float("inf")}))
+        assert reply["ok"] is False and "arena" in reply["error"]
+    finally:
+        sock.close()

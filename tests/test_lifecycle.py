@@ -1,0 +1,306 @@
+"""Server lifetime: clean shutdown, stop and crash seen by callers, name conflicts,
+no /dev/shm space, bad repositories, worker crashes. Each test has servers of its own."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from helpers import (
+    CRASHER_CODE,
+    SLEEPER_CODE,
+    assert_serving,
+    python_config,
+    shm_entries,
+    wait_until,
+    write_model,
+)
+
+import shmserve
+from shmserve import errors
+from shmserve.segments import SHM_DIR, control_size, remove_segments
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def with_sleeper(repo):
+    write_model(repo, "sleeper", python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
+                SLEEPER_CODE)
+
+
+def with_crasher(repo):
+    write_model(repo, "crasher", python_config("crasher", "FP32", (-1,), dynamic_batching=None),
+                CRASHER_CODE)
+
+
+def serve_cli(repo, name, *args, timeout=60) -> subprocess.CompletedProcess:
+    """Runs `shmserve serve` expecting it to exit by itself (a refused start)."""
+    return subprocess.run([sys.executable, "-m", "shmserve.cli", "serve", "--model-repository",
+                           str(repo), "--name", name, *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def sleep_request(client, seconds: float, timeout=None):
+    return client.infer("sleeper", [np.array([[seconds]], np.float32)], timeout=timeout)
+
+
+# ---------------------------------------------------------------- clean shutdown
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_clean_shutdown_leaves_nothing(server_factory, sig):
+    server = server_factory(setup=with_sleeper)
+    c1, c2 = server.client(arena_bytes=1 << 20), server.client(arena_bytes=2 << 20)
+    held = c1.infer("identity", [np.ones((1, 8), np.float32)])  # a live view at shutdown
+    segs = server.segments()
+    assert len(segs) == 4, segs  # control, server, one arena per client
+    for name in segs:
+        assert stat.S_IMODE((SHM_DIR / name).stat().st_mode) == 0o600, name
+    assert stat.S_IMODE(server.socket_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(server.runtime_dir.stat().st_mode) == 0o700
+    assert len(server.members()) >= 4  # coordinator, batcher, identity and sleeper workers
+
+    assert server.stop(sig) == 0
+    assert server.segments() == []
+    assert wait_until(lambda: not server.members(), 5), server.members()
+    assert not server.socket_path.exists() and not server.record_path.exists()
+    np.testing.assert_array_equal(held["OUTPUT0"], 1)  # still readable: the mapping lives on
+    with pytest.raises(errors.ServerDeadError):
+        c2.infer("identity", [np.ones((1, 8), np.float32)])
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (cosmetic): stopping with a client connected logs "
+                   "an asyncio traceback ('Exception in callback ... CancelledError' from "
+                   "coordinator.on_connection's cancelled readexactly): serve() closes the "
+                   "listening server but not the open client connections")
+def test_shutdown_with_connected_client_logs_no_traceback(server_factory):
+    server = server_factory()
+    c = server.client(arena_bytes=1 << 20)
+    assert_serving(c)
+    assert server.stop() == 0
+    assert "Traceback" not in server.log(), server.log()
+
+
+def test_request_after_server_stopped(server_factory):
+    server = server_factory()
+    c = server.client(arena_bytes=1 << 20)
+    assert_serving(c)
+    assert server.stop() == 0
+    with pytest.raises(errors.ServerDeadError, match="stopped"):
+        c.infer("identity", [np.ones((1, 8), np.float32)])
+    with pytest.raises(errors.ServerDeadError, match="stopped"):
+        c.submit("identity", [np.ones((1, 8), np.float32)])
+    with pytest.raises(errors.ServerDeadError, match=server.name):
+        shmserve.Client(server.name)
+
+
+def test_request_in_flight_when_server_stops(server_factory):
+    server = server_factory(setup=with_sleeper)
+    c = server.client(arena_bytes=1 << 20)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        waiting = pool.submit(sleep_request, c, 30.0)
+        future = c.submit("sleeper", [np.array([[30.0]], np.float32)])
+        time.sleep(0.5)
+        assert not waiting.done()
+        server.proc.send_signal(signal.SIGTERM)
+        with pytest.raises(errors.ServerDeadError):
+            waiting.result(timeout=15)
+        with pytest.raises(errors.ServerDeadError):
+            future.result(timeout=15)
+    assert server.proc.wait(15) == 0
+
+
+# ---------------------------------------------------------------- crashes
+
+def test_server_sigkilled_while_client_waits(server_factory):
+    server = server_factory(setup=with_sleeper)
+    name, prefix = server.name, server.prefix
+    c = server.client(arena_bytes=1 << 20)
+    children = [p for p in server.members() if p != server.pid]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(sleep_request, c, 30.0)
+            time.sleep(0.5)
+            server.kill()
+            server.proc.wait(10)  # reaped, as any supervisor would
+            with pytest.raises(errors.ServerDeadError, match=server.name):
+                waiting.result(timeout=15)  # an error, not a hang
+        with pytest.raises(errors.ServerDeadError):
+            c.infer("identity", [np.ones((1, 4), np.float32)])
+        # Its children die with it (PDEATHSIG)...
+        assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p)
+                                          for p in children), 5)
+        # ...but its segments cannot be unlinked by a dead process.
+        left = shm_entries(prefix)
+        assert any(n.endswith("-ctl") for n in left) and any(n.endswith("-srv") for n in left)
+
+        # The next start of the same name cleans them and serves.
+        again = server_factory(setup=with_sleeper, name=name)
+        assert again.prefix != prefix
+        assert shm_entries(prefix) == []
+        assert_serving(again.client(arena_bytes=1 << 20))
+    finally:
+        remove_segments(prefix)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_server_sigkilled_not_yet_reaped(server_factory):
+    """A zombie server (dead, not reaped by its parent: here the test process)
+    must not pass for a live one: the waiting caller gets ServerDeadError."""
+    server = server_factory(setup=with_sleeper)
+    prefix = server.prefix
+    c = server.client(arena_bytes=1 << 20)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(sleep_request, c, 30.0, timeout=4)
+            time.sleep(0.5)
+            server.kill()  # not reaped: the test process is the server's parent
+            with pytest.raises(errors.ServerDeadError):
+                waiting.result(timeout=15)
+    finally:
+        server.proc.wait(10)
+        remove_segments(prefix)
+
+
+def test_worker_crash_answers_its_inflight_request(server_factory):
+    server = server_factory(setup=with_crasher)
+    c = server.client(arena_bytes=1 << 20)
+    with pytest.raises(errors.ShmServeError) as e:
+        c.infer("crasher", [np.array([[-1.0]], np.float32)], timeout=20)
+    assert not isinstance(e.value, errors.ServerTimeoutError), e.value
+    assert "'crasher'" in e.value.msg
+    assert_serving(c)  # other models were not affected
+
+
+def test_worker_restarted_after_crash_serves_again(server_factory):
+    """The coordinator restarts a dead worker, and the model serves again."""
+    server = server_factory(setup=with_crasher)
+    c = server.client(arena_bytes=1 << 20)
+    c.submit("crasher", [np.array([[-1.0]], np.float32)])
+    x = np.array([[1.0, 2.0]], np.float32)
+    deadline = time.monotonic() + 8
+    while True:
+        try:
+            np.testing.assert_array_equal(c.infer("crasher", [x], timeout=2)["OUTPUT0"], x)
+            return
+        except errors.ShmServeError:
+            if time.monotonic() > deadline:
+                raise
+
+
+# ---------------------------------------------------------------- refused starts
+
+def test_second_server_with_same_name_is_refused(server_factory):
+    first = server_factory()
+    c = first.client(arena_bytes=1 << 20)
+    second = serve_cli(first.repo, first.name)
+    assert second.returncode == 2, second.stderr
+    assert "already running" in second.stderr and first.name in second.stderr
+    assert str(first.pid) in second.stderr
+    assert first.running()
+    assert_serving(c)  # an existing client is not disturbed
+    assert first.segments()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the refused second server unlinks the first "
+                   "one's control socket on its way out (coordinator.run's finally calls "
+                   "shutdown(), which unlinks sock_path unconditionally), so no new client "
+                   "can reach the first server")
+def test_first_server_reachable_after_name_conflict(server_factory):
+    first = server_factory()
+    assert serve_cli(first.repo, first.name).returncode == 2
+    assert_serving(first.client(arena_bytes=1 << 20))
+
+
+def test_no_shm_space_for_server_segment(server_factory, tmp_path):
+    """--max-clients x --slots-per-client beyond /dev/shm: exit 2, clear message,
+    nothing left behind (the control segment made before is removed too)."""
+    st = os.statvfs(SHM_DIR)
+    total = st.f_blocks * st.f_frsize
+    slots = 1024
+    clients = total // (3128 * slots) + 16  # shadows alone exceed the whole of /dev/shm
+    ring = 1 << (clients * slots - 1).bit_length()
+    if control_size(ring) > 1 << 30:
+        pytest.skip("/dev/shm is so large that the control segment would take > 1 GiB")
+    server = server_factory(args=["--max-clients", str(clients), "--slots-per-client",
+                                  str(slots)], start=False)
+    before = set(os.listdir(SHM_DIR))
+    result = serve_cli(server.repo, server.name, *server.args)
+    assert result.returncode == 2, result.stderr
+    assert "not enough space in /dev/shm" in result.stderr and "--max-clients" in result.stderr
+    new = set(os.listdir(SHM_DIR)) - before
+    assert not [n for n in new if (SHM_DIR / n).exists() and
+                (SHM_DIR / n).stat().st_size == control_size(ring)], new
+    assert not server.record_path.exists() and not server.socket_path.exists()
+
+
+BAD_CONFIGS = {
+    "syntax": ('name: "bad"\nbackend: "python"\nmax_batch_size: eight\n',
+               r"config\.pbtxt:3:\d+"),
+    "unknown_field": ('name: "bad"\nbackend: "python"\nmax_batch: 4\n',
+                      r"config\.pbtxt:3:\d+.*max_batch"),
+    "backend": ('name: "bad"\nbackend: "tensorflow"\nmax_batch_size: 1\n'
+                'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+                r"config\.pbtxt: backend 'tensorflow' is not supported"),
+    "name_mismatch": ('name: "other"\nbackend: "python"\nmax_batch_size: 1\n'
+                      'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                      'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+                      r"config\.pbtxt: name 'other' differs from its directory 'bad'"),
+    "gpu_instances": ('name: "bad"\nbackend: "python"\nmax_batch_size: 1\n'
+                      'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                      'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                      'instance_group [ { kind: KIND_GPU } ]\n',
+                      r"config\.pbtxt: instance_group kind KIND_GPU is not supported"),
+    "dynamic_batching_unbatched": ('name: "bad"\nbackend: "python"\nmax_batch_size: 0\n'
+                                   'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                                   'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+                                   'dynamic_batching { }\n',
+                                   r"config\.pbtxt: dynamic_batching needs max_batch_size > 0"),
+    "zero_dim": ('name: "bad"\nbackend: "python"\nmax_batch_size: 1\n'
+                 'input [ { name: "I" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
+                 'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+                 r"config\.pbtxt: input 'I' dims \[0\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_is_refused(tmp_path, monkeypatch, case):
+    import re
+
+    text, pattern = BAD_CONFIGS[case]
+    repo = tmp_path / "repo"
+    write_model(repo, "bad", text, "class TritonPythonModel:\n    pass\n")
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o700)
+    monkeypatch.setenv("SHMSERVE_RUNTIME_DIR", str(runtime))
+    result = serve_cli(repo, f"bad-{case}")
+    assert result.returncode == 2, result.stderr
+    assert str(repo / "bad" / "config.pbtxt") in result.stderr
+    assert re.search(pattern, result.stderr), result.stderr
+    assert os.listdir(runtime) == []  # no socket, no record: nothing was started
+
+
+def test_runtime_dir_must_be_private(tmp_path, monkeypatch):
+    runtime = tmp_path / "rt"
+    runtime.mkdir(mode=0o755)
+    runtime.chmod(0o755)
+    monkeypatch.setenv("SHMSERVE_RUNTIME_DIR", str(runtime))
+    repo = tmp_path / "repo"
+    write_model(repo, "m", python_config("m"), "class Model:\n    pass\n")
+    result = serve_cli(repo, "private")
+    assert result.returncode != 0
+    assert "0700" in result.stderr
+    assert os.listdir(runtime) == []

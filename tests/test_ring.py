@@ -1,0 +1,203 @@
+"""The request ring (shms_ring_push / pop / reclaim) on an anonymous shared mapping,
+no server involved."""
+from __future__ import annotations
+
+import mmap
+import os
+import time
+
+import pytest
+
+from shmserve import _core
+from shmserve.protocol import LAYOUT as L
+from shmserve.protocol import RingResult
+from shmserve.segments import control_ring_offset, control_size, init_control
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def claim_word(owner: int, pos: int) -> int:
+    """shms_claim_word of shmserve.h."""
+    return (1 << 63) | ((owner & 0x7FFFFFFF) << 32) | (pos & 0xFFFFFFFF)
+
+
+class Ring:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.mm = mmap.mmap(-1, control_size(capacity))  # MAP_SHARED: forks see it
+        self.ops = _core.Mapping(self.mm)
+        init_control(self.mm, self.ops, capacity, os.getpid())
+
+    def cell(self, pos: int) -> int:
+        return control_ring_offset() + (pos % self.capacity) * L["ring_cell.size"]
+
+    def seq(self, pos: int) -> int:
+        return self.ops.load64(self.cell(pos))
+
+    @property
+    def enqueue_pos(self) -> int:
+        return self.ops.load64(L["control.enqueue_pos"])
+
+    @property
+    def dequeue_pos(self) -> int:
+        return self.ops.load64(L["control.dequeue_pos"])
+
+    def push(self, owner, slot, gen):
+        return self.ops.ring_push(owner, slot, gen)
+
+    def pop(self):
+        return self.ops.ring_pop()
+
+
+def test_fifo_and_fields():
+    r = Ring(8)
+    entries = [(1, 2, 3), (0, 0, 0), (2**31 - 1, 2**32 - 1, 2**32 - 1), (5, 31, 77)]
+    for e in entries:
+        assert r.push(*e) == RingResult.OK
+    assert [r.pop() for _ in entries] == entries
+    assert r.pop() is None
+    assert r.enqueue_pos == r.dequeue_pos == len(entries)
+
+
+def test_full_ring():
+    r = Ring(4)
+    for i in range(4):
+        assert r.push(1, i, i) == RingResult.OK
+    assert r.push(1, 9, 9) == RingResult.FULL
+    assert r.push(2, 9, 9) == RingResult.FULL
+    assert r.enqueue_pos == 4  # a refused push moves nothing
+    assert r.pop() == (1, 0, 0)
+    assert r.push(1, 4, 4) == RingResult.OK
+    assert r.push(1, 5, 5) == RingResult.FULL
+    assert [r.pop() for _ in range(4)] == [(1, i, i) for i in range(1, 5)]
+    assert r.pop() is None
+
+
+def test_wrap_around_many_laps():
+    r = Ring(4)
+    pushed = popped = 0
+    for lap in range(5000):
+        k = 1 + lap % 4
+        for _ in range(k):
+            assert r.push(3, pushed % 32, pushed) == RingResult.OK
+            pushed += 1
+        for _ in range(k):
+            assert r.pop() == (3, popped % 32, popped)
+            popped += 1
+        assert r.pop() is None
+    assert r.enqueue_pos == r.dequeue_pos == pushed > 4 * 5000 // 2
+
+
+def test_claimed_unpublished_cell_stalls_and_is_reclaimed():
+    r = Ring(4)
+    assert r.push(1, 0, 10) == RingResult.OK
+    assert r.pop() == (1, 0, 10)
+    # Client 7 claimed position 1 and died before publishing (and before moving
+    # enqueue_pos): its cell holds CLAIM(7, 1).
+    pos = r.enqueue_pos
+    r.ops.store64(r.cell(pos), claim_word(7, pos))
+    assert r.pop() == 7  # stalled, naming the owner
+    # Another producer is not blocked: it helps enqueue_pos past the claim.
+    assert r.push(2, 5, 55) == RingResult.OK
+    assert r.enqueue_pos == pos + 2
+    assert r.pop() == 7  # strict order: still stalled on the head
+    assert r.ops.ring_reclaim(3) is False  # not that owner's claim
+    assert r.pop() == 7
+    assert r.ops.ring_reclaim(7) is True
+    assert r.seq(pos) == pos + r.capacity  # the cell is free for the next lap
+    assert r.ops.ring_reclaim(7) is False  # nothing left to reclaim
+    assert r.pop() == (2, 5, 55)
+    assert r.pop() is None
+    # The ring goes on over the reclaimed cell for many laps.
+    for i in range(40):
+        assert r.push(4, i, i) == RingResult.OK
+        assert r.pop() == (4, i, i)
+
+
+def test_stale_claim_of_an_older_lap_is_not_a_stall():
+    """A claim word whose position bits belong to another lap does not match the
+    head: the cell reads as an unconsumed older entry (full), never as a stall."""
+    r = Ring(4)
+    for i in range(6):
+        r.push(1, i, i)
+        r.pop()
+    pos = r.enqueue_pos
+    r.ops.store64(r.cell(pos), claim_word(9, pos - 4))
+    assert r.pop() is None
+    assert r.ops.ring_reclaim(9) is False
+    assert r.push(1, 0, 0) == RingResult.FULL
+
+
+def test_producer_processes_race():
+    """4 forked producers x 5000 pushes into a 64-cell ring while this process pops:
+    every entry is seen exactly once, each producer's in its own order."""
+    producers, per_producer = 4, 5000
+    r = Ring(64)
+    pids = []
+    for p in range(producers):
+        pid = os.fork()
+        if pid == 0:  # producer: only C calls, then _exit
+            code = 0
+            try:
+                for i in range(per_producer):
+                    while True:
+                        rc = r.ops.ring_push(p, i & 0xFFFF, i)
+                        if rc == RingResult.OK:
+                            break
+                        if rc != RingResult.FULL:
+                            code = 3
+                            break
+                        os.sched_yield()
+            except BaseException:
+                code = 4
+            os._exit(code)
+        pids.append(pid)
+    seen = [[] for _ in range(producers)]
+    total, stalls = 0, 0
+    deadline = time.monotonic() + 45
+    try:
+        while total < producers * per_producer:
+            e = r.pop()
+            if e is None or isinstance(e, int):  # empty, or a producer mid-publish
+                stalls += isinstance(e, int)
+                assert time.monotonic() < deadline, f"only {total} entries after 45 s"
+                os.sched_yield()
+                continue
+            owner, slot, gen = e
+            assert slot == gen & 0xFFFF
+            seen[owner].append(gen)
+            total += 1
+    finally:
+        codes = [os.waitpid(pid, 0)[1] for pid in pids]
+    assert codes == [0] * producers
+    for p in range(producers):
+        assert seen[p] == list(range(per_producer)), f"producer {p}"
+    assert r.pop() is None
+    assert r.enqueue_pos == r.dequeue_pos == producers * per_producer
+
+
+def test_not_a_control_segment():
+    mm = mmap.mmap(-1, control_size(8))
+    ops = _core.Mapping(mm)
+    with pytest.raises(ValueError, match="not a shmserve control segment"):
+        ops.ring_push(1, 1, 1)
+    with pytest.raises(ValueError):
+        ops.ring_pop()
+    with pytest.raises(ValueError, match="power of two"):
+        init_control(mm, ops, 6, os.getpid())
+
+
+def test_mapping_bounds_are_checked():
+    mm = mmap.mmap(-1, 4096)
+    ops = _core.Mapping(mm)
+    with pytest.raises(IndexError):
+        ops.load32(4096)
+    with pytest.raises(IndexError):
+        ops.load64(4092)
+    with pytest.raises(IndexError):
+        ops.store32(2, 1)  # misaligned
+    with pytest.raises(IndexError):
+        ops.read_result(4096 - 64)  # a slot does not fit
+    ops.release()
+    with pytest.raises(ValueError, match="released"):
+        ops.load32(0)
