@@ -160,7 +160,8 @@ class Client:
             except (OSError, ConnectionError) as e:
                 raise errors.ServerDeadError(f"server '{self.name}' is gone ({e})") from None
         if not reply.get("ok"):
-            raise errors.from_status(reply.get("code", P.Status.INTERNAL), reply.get("error", "?"))
+            raise errors.from_status(reply.get("code", P.Status.INTERNAL), reply.get("error", "?"),
+                                     reply.get("type"))
         return reply
 
     def _remember_models(self, models: list[dict]) -> None:
@@ -269,6 +270,11 @@ class Client:
     def _sources(self, plan: _Plan, inputs) -> list:
         """(index, dtype code, array or encoded bytes, arena offset or -1, shape) per input."""
         if not isinstance(inputs, collections.abc.Mapping):
+            inputs = list(inputs)
+            if len(inputs) > len(plan.input_index):
+                raise errors.InvalidArgumentError(
+                    f"model '{plan.name}' takes {len(plan.input_index)} inputs "
+                    f"({', '.join(plan.input_index)}), got {len(inputs)}")
             inputs = dict(zip(plan.input_index, inputs))
         sources = []
         for name, value in inputs.items():
@@ -323,6 +329,11 @@ class Client:
         layout, size, in_bytes = [], 0, 0
         for index, code, data, offset, shape in req.sources:
             nbytes = len(data) if code == _BYTES else data.nbytes
+            if nbytes > self._alloc.capacity:
+                raise errors.InvalidArgumentError(
+                    f"model '{plan.name}' input '{plan.meta['inputs'][index]['name']}' holds "
+                    f"{nbytes} bytes but this client's arena holds {self._alloc.capacity} "
+                    "(Client(arena_bytes=...); server limit --max-arena-bytes)")
             in_bytes += nbytes
             if offset < 0:
                 layout.append((index, code, data, size, nbytes, shape))
@@ -425,7 +436,7 @@ class Client:
         spin = self._spin_ns
         while True:
             seen = self._ops.load32(L["arena.completions"])
-            if self._done(req):
+            if self._claim(req):
                 result = self._finish(req)
                 if isinstance(result, _Request):  # resent with bigger outputs
                     req = result
@@ -458,8 +469,6 @@ class Client:
         slot_off = self._slots_offset + req.slot * P.SLOT_BYTES
         status, message, results, stamps = self._ops.read_result(slot_off)
         stamps = stamps[:P.Timestamp.CLIENT_WAKE] + (self._now(),)
-        with self._lock:
-            self._inflight.pop(req.slot, None)
         self._ops.store32(slot_off, P.SlotState.FREE)
         self._release_slot(req.slot)
         if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
@@ -507,15 +516,13 @@ class Client:
         return InferResult(arrays, stamps, req.plan.name, req.plan.version, finalizers)
 
     def _wait_any_completion(self) -> bool:
-        """Waits for one in-flight request of this client to finish (arena pressure).
+        """Waits until an in-flight request of this client finishes (arena pressure).
         Returns False if nothing is in flight."""
         with self._lock:
-            pending = [r for r in self._inflight.values() if r.future is not None]
             if not self._inflight:
                 return False
         seen = self._ops.load32(L["arena.completions"])
-        if pending and any(self._done(r) for r in pending):
-            self._collect()
+        if self._collect():
             return True
         self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen, self._spin_ns,
                                 WAIT_SLICE_NS)
@@ -525,33 +532,51 @@ class Client:
     # -- futures: one poller thread resolves submitted requests --------------------------
     def _ensure_poller(self) -> None:
         with self._lock:
-            if self._poller is None or not self._poller.is_alive():
+            if self._poller is None:
                 self._poller = threading.Thread(target=self._poll, name="shmserve-completions",
                                                 daemon=True)
                 self._poller.start()
 
-    def _collect(self) -> bool:
+    def _claim(self, req: _Request) -> bool:
+        """Takes a DONE request out of the in-flight table; only the thread that
+        claimed it may finish it."""
+        with self._lock:
+            if self._inflight.get(req.slot) is req and self._done(req):
+                del self._inflight[req.slot]
+                return True
+            return False
+
+    def _collect(self) -> int:
+        """Finishes every submitted request that is DONE; returns how many."""
         with self._lock:
             ready = [r for r in self._inflight.values()
                      if r.future is not None and r.slot not in self._orphans and self._done(r)]
+            for r in ready:
+                del self._inflight[r.slot]
         for req in ready:
             try:
-                self._finish(req)
+                result = self._finish(req)
+                if isinstance(result, _Request):  # resent with bigger output buffers
+                    continue
             except errors.ShmServeError as e:
                 req.future.set_exception(e)
-        with self._lock:
-            return any(r.future is not None for r in self._inflight.values())
+        return len(ready)
 
     def _poll(self) -> None:
         while not self._closed:
-            seen = self._ops.load32(L["arena.completions"]) if self._ops else 0
-            if not self._collect():
-                return
+            seen = self._ops.load32(L["arena.completions"])
+            self._collect()
+            with self._lock:  # decided under the lock _ensure_poller takes
+                if not any(r.future is not None for r in self._inflight.values()):
+                    self._poller = None
+                    return
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
                                            self._spin_ns, WAIT_SLICE_NS):
                 try:
                     self._check_server()
                 except errors.ServerDeadError as e:
+                    with self._lock:
+                        self._poller = None
                     self._fail_all(e)
                     return
 

@@ -70,6 +70,8 @@ class Coordinator:
         self.dead_since: dict[int, float] = {}
         self.prefix = new_prefix()
         self.sock_path = socket_path(opts.name)
+        self.owns_name = False  # until claim_name: a refused start removes nothing
+        self.connections: set[asyncio.StreamWriter] = set()
         self._arena_counter = 0
 
     # -- 1. start: name check, repository, segments, children --------------------
@@ -93,6 +95,7 @@ class Coordinator:
             if removed:
                 log.info("cleaned %d segments of a dead server (pid %s)", len(removed), rec["pid"])
         self.sock_path.unlink(missing_ok=True)
+        self.owns_name = True
 
     def create_segments(self) -> None:
         o = self.opts
@@ -182,7 +185,10 @@ class Coordinator:
         if hello.get("version") != P.PROTOCOL_VERSION:
             raise ShmServeError(f"protocol version {hello.get('version')} not supported "
                                 f"(server speaks {P.PROTOCOL_VERSION})", P.Status.INVALID_ARG)
-        want = int(hello.get("arena_bytes") or self.opts.default_arena_bytes)
+        want = hello.get("arena_bytes") or self.opts.default_arena_bytes
+        if not isinstance(want, int):
+            raise ShmServeError(f"hello: arena_bytes must be an integer, got {want!r}",
+                                P.Status.INVALID_ARG)
         if want <= 0 or want > self.opts.max_arena_bytes:
             raise ShmServeError(f"arena of {want} bytes refused: this server allows 1 byte to "
                                 f"{self.opts.max_arena_bytes} bytes (--max-arena-bytes)",
@@ -310,6 +316,7 @@ class Coordinator:
         if uid not in (os.getuid(), 0):
             writer.close()
             return
+        self.connections.add(writer)
         try:
             while True:
                 header = await reader.readexactly(P.FRAME_HEADER.size)
@@ -320,15 +327,17 @@ class Coordinator:
                     msg = P.unpack_body(await reader.readexactly(length))
                     reply = {"ok": True, **self.handle(msg, lease)}
                 except ShmServeError as e:
-                    reply = {"ok": False, "code": int(e.code), "error": e.msg}
-                except (ValueError, TypeError) as e:
+                    reply = {"ok": False, "code": int(e.code), "error": e.msg,
+                             "type": type(e).__name__}
+                except (ValueError, TypeError, OverflowError, KeyError) as e:
                     reply = {"ok": False, "code": int(P.Status.INVALID_ARG),
-                             "error": f"malformed control message: {e}"}
+                             "error": f"malformed control message: {type(e).__name__}: {e}"}
                 writer.write(P.pack_frame(reply))
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
+            self.connections.discard(writer)
             if lease["client_id"] is not None:
                 self.close_lease(lease["client_id"])
             writer.close()
@@ -380,10 +389,11 @@ class Coordinator:
             if seg is not None:
                 seg.unlink()
                 seg.close()
-        self.sock_path.unlink(missing_ok=True)
-        rec = read_record(self.opts.name)
-        if rec and rec.get("pid") == os.getpid():
-            record_path(self.opts.name).unlink(missing_ok=True)
+        if self.owns_name:
+            self.sock_path.unlink(missing_ok=True)
+            rec = read_record(self.opts.name)
+            if rec and rec.get("pid") == os.getpid():
+                record_path(self.opts.name).unlink(missing_ok=True)
         log.info("stopped; segments removed")
 
     async def serve(self, ready_fd: int | None = None) -> None:
@@ -413,7 +423,10 @@ class Coordinator:
         supervisor = asyncio.create_task(self.supervise(stop))
         await stop.wait()
         log.info("stopping")
+        self.control.ops.store32(L["control.server_state"], P.ServerState.STOPPED)
         server.close()
+        for writer in list(self.connections):
+            writer.close()
         await supervisor
         if metrics is not None:
             metrics[0].shutdown()

@@ -79,6 +79,11 @@ _BY_CODE = {
 }
 
 
-def from_status(code: int, msg: str) -> ShmServeError:
-    """The exception for a status read from a slot or a control-socket reply."""
-    return _BY_CODE.get(code, ShmServeError)(msg, code)
+_BY_NAME = {cls.__name__: cls for cls in (ShmSpaceError, ConfigError, BusyError)}
+
+
+def from_status(code: int, msg: str, type_name: str | None = None) -> ShmServeError:
+    """The exception for a status read from a slot, or for a control-socket reply
+    (which may also name the exception type for errors finer than a status)."""
+    cls = _BY_NAME.get(type_name) or _BY_CODE.get(code, ShmServeError)
+    return cls(msg, code)

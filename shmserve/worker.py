@@ -144,7 +144,10 @@ class Worker:
                 st, m, results = status, msg, []
             row += req.rows
             ok += st == Status.OK
-            req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
+            try:
+                req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
+            except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
+                log.warning("client %d: could not answer: %s", req.client_id, e)
         self.maps.srv.record_batch(self.model_off, len(live), row, ok, compute_ns)
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --

@@ -62,12 +62,6 @@ def test_threads_share_one_client(client):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(strict=True, reason="BUG: two threads finish the same request: submit() "
-                   "under arena pressure runs Client._collect (via _alloc_or_raise -> "
-                   "_wait_any_completion) while the poller thread runs it too; both pick the "
-                   "same DONE slot and call _finish on it (slot released twice, result read "
-                   "from a freed slot): TypeError / KeyError / InvalidStateError from submit() "
-                   "or in the poller thread")
 def test_submit_under_arena_pressure(main_server):
     """More requests in flight than the arena holds: submit() waits for completions
     to make room, and every future gets its own answer."""

@@ -54,9 +54,6 @@ def test_extra_input(client):
         client.infer("simple", {"INPUT0": A16, "INPUT1": A16, "INPUT2": A16})
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: inputs given as a list longer than the model's "
-                   "inputs are silently dropped: client.py _sources does "
-                   "dict(zip(plan.input_index, inputs)), and zip truncates")
 def test_extra_positional_input(client):
     with pytest.raises(errors.InvalidArgumentError, match="'simple'"):
         client.infer("simple", [A16, A16, A16])
@@ -108,9 +105,6 @@ def test_tensor_larger_than_arena(main_server, make_client):
     assert_serving(c)  # the same small client still works for what fits
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the arena-overflow error names the model but "
-                   "not the tensor (client.py _prepare allocates one block per request and "
-                   "reports 'request to model ...')")
 def test_tensor_larger_than_arena_names_the_tensor(main_server, make_client):
     c = make_client(arena_bytes=64 << 10)
     with pytest.raises(errors.InvalidArgumentError) as e:
@@ -143,9 +137,6 @@ def test_arena_larger_than_free_shm(main_server):
     assert "not enough space in /dev/shm" in msg and "MiB free" in msg and "shm-size" in msg, msg
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: ShmSpaceError is never raised to a client: the "
-                   "reply carries status UNAVAILABLE and errors.from_status maps it to "
-                   "UnavailableError (errors.py _BY_CODE), so `except ShmSpaceError` misses it")
 def test_arena_larger_than_free_shm_raises_shm_space_error(main_server):
     want = _shm_total() + (1 << 30)
     if want > 1 << 40:

@@ -178,11 +178,6 @@ def _running_raw_request(raw: RawLease, seconds: float):
     assert helpers.wait_until(lambda: raw.state(0) == SlotState.RUNNING, 10)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a caller that overwrites its own arena header "
-                   "while its request runs kills the worker: Mapping.complete() checks the "
-                   "arena magic and raises ValueError (csrc/core.c arena_of via m_complete), "
-                   "uncaught in worker.run_batch; the restarted worker hits the same arena in "
-                   "answer_orphaned_batch, so the model is lost for every caller")
 def test_arena_header_overwritten_while_running(server_factory):
     server = server_factory(setup=with_sleeper)
     victim = server.client(arena_bytes=1 << 20)
@@ -199,7 +194,7 @@ def test_arena_header_overwritten_while_running(server_factory):
         raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a caller can shrink its own arena (ftruncate on "
+@pytest.mark.xfail(strict=True, reason="issue 5, hostile shared memory: a caller can shrink its own arena (ftruncate on "
                    "the shm segment it opened read-write) while the server works on it; the "
                    "worker's next access to that mapping is a SIGBUS and the worker dies "
                    "(segments.Segment maps a plain POSIX shm object; no seals, no SIGBUS "
@@ -240,7 +235,7 @@ def _jump_enqueue(raw: RawLease, victim):
     raw.ctl.store64(L["control.enqueue_pos"], raw.ctl.load64(L["control.enqueue_pos"]) + 10**9)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: every caller maps the control block read-write, "
+@pytest.mark.xfail(strict=True, reason="issue 5, hostile shared memory: every caller maps the control block read-write, "
                    "so one caller can stop the service for all: a ring cell claimed and never "
                    "published by a live lease stalls the batcher forever (batcher.maybe_reclaim "
                    "waits while the owner is ALIVE), server_state=STOPPED makes every client "
@@ -306,11 +301,6 @@ def test_malformed_control_messages_get_error_replies(main_server, client):
     assert_serving(client)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: hello with arena_bytes=inf (any float msgpack "
-                   "can carry) raises OverflowError in coordinator.open_lease "
-                   "(int(float('inf'))), which on_connection does not catch (only ValueError/"
-                   "TypeError): the connection is dropped with a traceback in the server log "
-                   "instead of an error reply")
 def test_infinite_arena_request_gets_an_error_reply(main_server):
     import socket
 

@@ -74,10 +74,6 @@ def test_clean_shutdown_leaves_nothing(server_factory, sig):
         c2.infer("identity", [np.ones((1, 8), np.float32)])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (cosmetic): stopping with a client connected logs "
-                   "an asyncio traceback ('Exception in callback ... CancelledError' from "
-                   "coordinator.on_connection's cancelled readexactly): serve() closes the "
-                   "listening server but not the open client connections")
 def test_shutdown_with_connected_client_logs_no_traceback(server_factory):
     server = server_factory()
     c = server.client(arena_bytes=1 << 20)
@@ -214,10 +210,6 @@ def test_second_server_with_same_name_is_refused(server_factory):
     assert first.segments()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the refused second server unlinks the first "
-                   "one's control socket on its way out (coordinator.run's finally calls "
-                   "shutdown(), which unlinks sock_path unconditionally), so no new client "
-                   "can reach the first server")
 def test_first_server_reachable_after_name_conflict(server_factory):
     first = server_factory()
     assert serve_cli(first.repo, first.name).returncode == 2
