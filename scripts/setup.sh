@@ -5,8 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import shmserve._core, onnxruntime, pytest_timeout" \
-  || { echo "setup: installation incomplete" >&2; exit 1; }
+LOG=.venv/setup.log
+if ! { .venv/bin/python -m pip install --disable-pip-version-check --upgrade pip \
+       && .venv/bin/python -m pip install --disable-pip-version-check -e '.[test]'; } >"$LOG" 2>&1 \
+   || ! .venv/bin/python -c "import shmserve._core, onnxruntime, pytest_timeout"; then
+  tail -40 "$LOG" >&2
+  echo "setup: installation failed (full log: $LOG)" >&2
+  exit 1
+fi
+echo "setup: .venv ready ($(.venv/bin/python -c 'import shmserve; print("shmserve", shmserve.__version__)'))"
 .venv/bin/python scripts/make_models.py
