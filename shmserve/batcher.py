@@ -187,15 +187,18 @@ class Batcher:
     def serve_forever(self) -> None:
         ctl = self.maps.ctl
         bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
+        spin = self.maps.spin
         while True:
             seen = ctl.load32(bell)
             self.drain_ring()
             deadline = self.dispatch()
             timeout = IDLE_CHECK_NS if deadline is None else max(0, deadline - now_ns())
             # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
-            if not ctl.doorbell_wait(bell, sleeping, seen, self.maps.spin_ns, timeout):
-                if deadline is None and not self.maps.parent_alive():
-                    return
+            started = now_ns()
+            if ctl.doorbell_wait(bell, sleeping, seen, spin.budget_ns(), timeout):
+                spin.record(now_ns() - started)
+            elif deadline is None and not self.maps.parent_alive():
+                return
 
 
 

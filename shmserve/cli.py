@@ -25,6 +25,7 @@ def cmd_serve(args) -> int:
     return run(ServeOptions(model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
+                            max_spin_us=args.max_spin_us,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper()))
 
@@ -114,10 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--slots-per-client", type=int, default=32, help="requests in flight per client")
     s.add_argument("--max-arena-bytes", type=_size, default=1 << 30,
                    help="largest arena a client may ask for (e.g. 256M)")
-    s.add_argument("--spin-us", type=int, default=None,
-                   help="microseconds the batcher and workers spin before they sleep on a futex "
-                        "(default: 20 with 4+ CPUs, 0 below: spinners would take the CPU "
-                        "the next process in the chain needs)")
+    s.add_argument("--spin-us", type=int, default=50,
+                   help="microseconds the batcher and workers spin (yielding the CPU) before "
+                        "they sleep on a futex; 0 = sleep at once")
+    s.add_argument("--max-spin-us", type=int, default=500,
+                   help="longest adaptive spin, used while requests arrive that often")
     s.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics (Triton's families) on this port")
     s.add_argument("--metrics-address", default="127.0.0.1",

@@ -23,6 +23,7 @@ from . import protocol as P
 from .arena import ArenaAllocator, ArenaFull
 from .protocol import LAYOUT as L
 from .segments import DEFAULT_NAME, Segment, pid_alive, socket_path
+from .waiting import AdaptiveSpin
 
 _BYTES = P.DTYPE_CODES["BYTES"]
 _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
@@ -30,7 +31,8 @@ _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
                 np.uint64, np.float16, np.float32, np.float64)}
 
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
-SPIN_US = 100  # a caller spins this long for its answer before it sleeps on the futex
+SPIN_US = 100  # a caller spins at least this long for its answer before it sleeps
+MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that long
 
 
 class InferResult(collections.abc.Mapping):
@@ -112,7 +114,8 @@ class Client:
 
     name:        the server's instance name (`shmserve serve --name`), default "default"
     arena_bytes: size of this client's shared arena (inputs and outputs in flight)
-    spin_us:     how long a waiting call spins before it sleeps (default SPIN_US)
+    spin_us:     how long a waiting call spins at least before it sleeps (default
+                 SPIN_US; adapts up to MAX_SPIN_US to the answer times it sees; 0 = never)
     """
 
     def __init__(self, name: str = DEFAULT_NAME, *, socket_path_: str | None = None,
@@ -133,6 +136,7 @@ class Client:
         self.client_id = hello["client_id"]
         self.server_pid = hello["server_pid"]
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
+        self._spin = AdaptiveSpin(self._spin_ns, MAX_SPIN_US * 1000 if self._spin_ns else 0)
         self._control = Segment(hello["control"])
         self._arena = Segment(hello["arena"], hello["arena_bytes"])
         self._ctl, self._ops = self._control.ops, self._arena.ops
@@ -432,11 +436,13 @@ class Client:
         return self._ops.load32(off) == P.SlotState.DONE
 
     def _wait(self, req: _Request, timeout: float | None) -> InferResult:
-        deadline = None if timeout is None else self._now() + int(timeout * 1e9)
-        spin = self._spin_ns
+        started = self._now()
+        deadline = None if timeout is None else started + int(timeout * 1e9)
+        spin = self._spin.budget_ns()
         while True:
             seen = self._ops.load32(L["arena.completions"])
             if self._claim(req):
+                self._spin.record(self._now() - started)
                 result = self._finish(req)
                 if isinstance(result, _Request):  # resent with bigger outputs
                     req = result

@@ -36,7 +36,8 @@ class ServeOptions:
     slots_per_client: int = 32
     default_arena_bytes: int = 32 << 20
     max_arena_bytes: int = 1 << 30
-    spin_us: int | None = None  # None: 20 with 4+ CPUs, else 0 (see cli --spin-us)
+    spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
+    max_spin_us: int = 500  # ... and up to this long when requests come that often
     load_timeout_s: float = 120.0
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
@@ -57,8 +58,6 @@ class Child:
 
 class Coordinator:
     def __init__(self, opts: ServeOptions):
-        if opts.spin_us is None:
-            opts = dataclasses.replace(opts, spin_us=20 if (os.cpu_count() or 1) >= 4 else 0)
         self.opts = opts
         self.specs: list[ModelSpec] = []
         self.model_state: dict[int, str] = {}  # READY / UNAVAILABLE: reason
@@ -135,7 +134,8 @@ class Coordinator:
         return {"control": self.control.name, "server": self.server.name,
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
-                "spin_us": self.opts.spin_us, "coordinator_pid": os.getpid(),
+                "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
+                "coordinator_pid": os.getpid(),
                 "log_level": self.opts.log_level, **extra}
 
     def plan_children(self) -> None:

@@ -9,6 +9,7 @@ import sys
 from . import _core
 from .protocol import LAYOUT, NAME_BYTES, ClientState
 from .segments import ArenaLayout, Segment, ServerLayout
+from .waiting import AdaptiveSpin
 
 L = LAYOUT
 
@@ -21,7 +22,7 @@ class ServerMaps:
         self.server = Segment(boot["server"])
         self.ctl = self.control.ops
         self.srv = self.server.ops
-        self.spin_ns = int(boot["spin_us"] * 1000)
+        self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
         self.coordinator_pid = boot["coordinator_pid"]
         self._arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
 

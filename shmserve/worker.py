@@ -88,12 +88,15 @@ class Worker:
         srv, state = self.maps.srv, self.mailbox + L["mailbox.state"]
         sleeping = self.mailbox + L["mailbox.worker_sleeping"]
         waiting = self.mailbox + L["mailbox.batcher_waiting"]
+        spin = self.maps.spin
         while True:
             # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
-            if not srv.doorbell_wait(state, sleeping, 0, self.maps.spin_ns, 200_000_000):
+            started = time.monotonic_ns()
+            if not srv.doorbell_wait(state, sleeping, 0, spin.budget_ns(), 200_000_000):
                 if not self.maps.parent_alive():
                     return
                 continue
+            spin.record(time.monotonic_ns() - started)
             n = srv.load32(self.mailbox + L["mailbox.n"])
             base = self.mailbox + L["mailbox.shadow"]
             shadows = [srv.load32(base + 4 * i) for i in range(min(n, L["MAX_BATCH_REQUESTS"]))]

@@ -63,6 +63,7 @@ using namespace shms_detail;
 #ifdef __linux__
 #include <errno.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -391,9 +392,9 @@ static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
     if (shms_load(word, memory_order_acquire) != seen) return 1;
     int64_t elapsed = (int64_t)(shms_now_ns() - start);
     if (elapsed >= spin_ns) break;
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#endif
+    /* Yield rather than pause: on a machine with few cores the process we wait for
+     * may need this very CPU. */
+    sched_yield();
   }
   for (;;) {
     int64_t left = -1;
