@@ -25,7 +25,7 @@ def cmd_serve(args) -> int:
     return run(ServeOptions(model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
-                            max_spin_us=args.max_spin_us,
+                            max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper()))
 
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve Prometheus metrics (Triton's families) on this port")
     s.add_argument("--metrics-address", default="127.0.0.1",
                    help="address for the metrics endpoint (loopback unless told otherwise)")
+    s.add_argument("--load-timeout", type=float, default=120.0,
+                   help="seconds a model instance may take to load before it is UNAVAILABLE")
     s.add_argument("--log-level", default="info")
     s.set_defaults(fn=cmd_serve)
 

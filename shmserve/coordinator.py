@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import struct
@@ -155,7 +156,21 @@ class Coordinator:
         child.proc.stdin.write((json.dumps(child.boot) + "\n").encode())
         child.proc.stdin.close()
 
+    def read_handshake(self, child: Child, deadline: float) -> dict:
+        """A worker's one-line load report, or why there is none."""
+        ready, _, _ = select.select([child.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            child.proc.kill()
+            child.proc.wait()
+            return {"error": f"did not load within {self.opts.load_timeout_s:.0f} s"}
+        line = child.proc.stdout.readline()
+        try:
+            return json.loads(line) if line else {}
+        except ValueError:
+            return {}
+
     def start_children(self) -> None:
+        deadline = time.monotonic() + self.opts.load_timeout_s
         for child in self.children:
             self.spawn(child, handshake=child.role == "worker")
         # Workers say on stdout whether their model loaded.
@@ -163,11 +178,7 @@ class Coordinator:
             if child.role != "worker":
                 continue
             model_id = child.boot["model_id"]
-            line = child.proc.stdout.readline()
-            try:
-                msg = json.loads(line or b"{}")
-            except ValueError:
-                msg = {}
+            msg = self.read_handshake(child, deadline)
             if msg.get("ready"):
                 self.model_state.setdefault(model_id, "READY")
             else:
