@@ -22,6 +22,7 @@ from helpers import (
     write_model,
 )
 
+import helpers
 import shmserve
 from shmserve import errors
 from shmserve.segments import SHM_DIR, control_size, remove_segments
@@ -296,3 +297,30 @@ def test_runtime_dir_must_be_private(tmp_path, monkeypatch):
     assert result.returncode != 0
     assert "0700" in result.stderr
     assert os.listdir(runtime) == []
+
+
+def test_model_that_never_loads_is_unavailable_not_a_hung_start(server_factory):
+    """--load-timeout bounds start-up: a model whose initialize() hangs is reported
+    UNAVAILABLE with the reason, and the other models are served."""
+    def setup(repo):
+        helpers.write_model(repo, "hangs", helpers.python_config("hangs"), """
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(600)
+
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+""")
+
+    server = server_factory(models=("identity",), setup=setup, args=["--load-timeout", "2"])
+    with server.client() as c:
+        states = {m["name"]: m["state"] for m in c.models()}
+        assert states["identity"] == "READY"
+        assert "did not load within 2 s" in states["hangs"], states
+        with pytest.raises(errors.UnavailableError, match="'hangs'"):
+            c.infer("hangs", [np.ones((1, 2), np.float32)], timeout=10)
+        x = np.ones((1, 4), np.float32)
+        np.testing.assert_array_equal(c.infer("identity", [x])["OUTPUT0"], x)
