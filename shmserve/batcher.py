@@ -47,28 +47,32 @@ class ModelQueue:
         head = self.queue[0]
         if not self.spec.dynamic_batching:
             return [self.queue.popleft()], None
-        picked, rows, prefix_ok = [], 0, []
+        picked, rows, preferred_prefix = [], 0, 0
+        skipped = more = False
         for p in self.queue:
-            if p.key != head.key:
-                continue  # different shapes never share a batch
+            if p.key != head.key:  # different shapes never share a batch
+                skipped = skipped or bool(picked)
+                continue
             if rows + p.rows > self.max_rows or len(picked) == MAX_BATCH_REQUESTS:
+                more = True
                 break
             picked.append(p)
             rows += p.rows
             if rows in self.preferred:
-                prefix_ok.append(len(picked))
-        full = rows >= self.max_rows or len(picked) < self._compatible_count(head.key)
+                preferred_prefix = len(picked)
+        full = more or rows >= self.max_rows
         expired = now_ns - head.arrived_ns >= self.delay_ns
-        if self.preferred and prefix_ok and (full or expired or rows >= self.preferred[-1]):
-            picked = picked[:prefix_ok[-1]]
+        if preferred_prefix and (full or expired or rows >= self.preferred[-1]):
+            picked = picked[:preferred_prefix]
         elif not (full or expired):
             return None, head.arrived_ns + self.delay_ns
-        for p in picked:
-            self.queue.remove(p)
+        if not skipped:  # the batch is the head of the queue: the common case
+            for _ in picked:
+                self.queue.popleft()
+        else:
+            taken = {id(p) for p in picked}
+            self.queue = collections.deque(p for p in self.queue if id(p) not in taken)
         return picked, None
-
-    def _compatible_count(self, key: bytes) -> int:
-        return sum(1 for p in self.queue if p.key == key)
 
 
 class Batcher:
