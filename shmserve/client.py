@@ -14,6 +14,7 @@ import math
 import os
 import socket
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -148,6 +149,7 @@ class Client:
         self._free_slots = list(range(hello["n_slots"] - 1, -1, -1))
         self._generations = [0] * hello["n_slots"]
         self._inflight: dict[int, _Request] = {}
+        self._finishing = 0  # requests taken out of _inflight whose blocks are not freed yet
         self._orphans: set[int] = set()
         self._plans: dict[tuple[str, int | None], _Plan] = {}
         self._remember_models(hello["models"])
@@ -224,11 +226,15 @@ class Client:
             try:
                 return self._alloc.alloc(nbytes)
             except ArenaFull:
-                if not self._wait_any_completion():
-                    raise errors.BusyError(
-                        f"{what} needs {nbytes} bytes and the arena is full "
-                        f"({self._alloc.used} of {self._alloc.capacity} bytes held by outputs "
-                        "still referenced); release results or use a larger arena") from None
+                if self._wait_any_completion():
+                    continue
+            try:  # nothing in flight now, but a request may have finished meanwhile
+                return self._alloc.alloc(nbytes)
+            except ArenaFull:
+                raise errors.BusyError(
+                    f"{what} needs {nbytes} bytes and the arena is full "
+                    f"({self._alloc.used} of {self._alloc.capacity} bytes held by outputs "
+                    "still referenced); release results or use a larger arena") from None
 
     # -- requests -------------------------------------------------------------------------
     def infer(self, model: str, inputs, outputs=None, version: int | None = None,
@@ -526,7 +532,14 @@ class Client:
         Returns False if nothing is in flight."""
         with self._lock:
             if not self._inflight:
-                return False
+                if not self._finishing:
+                    return False
+                finishing = True
+            else:
+                finishing = False
+        if finishing:  # another thread is about to free its blocks
+            time.sleep(0.0001)
+            return True
         seen = self._ops.load32(L["arena.completions"])
         if self._collect():
             return True
@@ -559,13 +572,15 @@ class Client:
                      if r.future is not None and r.slot not in self._orphans and self._done(r)]
             for r in ready:
                 del self._inflight[r.slot]
+            self._finishing += len(ready)
         for req in ready:
             try:
-                result = self._finish(req)
-                if isinstance(result, _Request):  # resent with bigger output buffers
-                    continue
+                self._finish(req)  # resolves the future (or resends the request)
             except errors.ShmServeError as e:
                 req.future.set_exception(e)
+            finally:
+                with self._lock:
+                    self._finishing -= 1
         return len(ready)
 
     def _poll(self) -> None:
