@@ -13,6 +13,7 @@ import concurrent.futures
 import math
 import os
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -140,6 +141,12 @@ class Client:
         self._spin = AdaptiveSpin(self._spin_ns, MAX_SPIN_US * 1000 if self._spin_ns else 0)
         self._control = Segment(hello["control"])
         self._arena = Segment(hello["arena"], hello["arena_bytes"])
+        for seg, magic in ((self._control, L["MAGIC_CONTROL"]), (self._arena, L["MAGIC_ARENA"])):
+            found = struct.unpack_from("<QI", seg.buffer, 0)
+            if found != (magic, P.PROTOCOL_VERSION):
+                raise errors.ShmServeError(
+                    f"segment {seg.name} is not a shmserve protocol {P.PROTOCOL_VERSION} segment "
+                    f"(magic {found[0]:#x}, version {found[1]})", P.Status.INVALID_ARG)
         self._ctl, self._ops = self._control.ops, self._arena.ops
         self._buf = self._arena.buffer
         self._slots_offset = hello["slots_offset"]
