@@ -104,6 +104,12 @@ def cmd_infer(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .benchmark.cli import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="shmserve", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -143,6 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--repeat", type=int, default=1, help="send it this many times (latency)")
     i.add_argument("--name", default=DEFAULT_NAME)
     i.set_defaults(fn=cmd_infer)
+
+    from .benchmark.cli import add_arguments as bench_arguments
+
+    b = sub.add_parser("bench", help="latency and throughput benchmark (perf_analyzer's flags)")
+    bench_arguments(b)
+    b.set_defaults(fn=cmd_bench)
 
     args = p.parse_args(argv)
     try:

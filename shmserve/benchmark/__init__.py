@@ -1,0 +1,17 @@
+"""shmserve bench: a latency and throughput benchmarking harness.
+
+The library behind `shmserve bench`. In short:
+
+    from shmserve.benchmark import BenchConfig, run_benchmark
+    results = run_benchmark(BenchConfig(model="mlp", concurrency=[1, 8, 32]))
+    for level in results[0].levels:
+        print(level.concurrency, level.throughput, level.latency_us["p99"])
+
+Modules: stats (percentiles, windows, stability), schedule (send times of the
+request-rate mode), inputs (request data), load (the client processes), targets
+(shmserve and KServe v2 endpoints), runner (the sweep and the stability loop),
+report (table, CSV, JSON), plot (PNG charts, matplotlib).
+"""
+from .runner import BenchConfig, LevelResult, TargetResult, run_benchmark
+
+__all__ = ["BenchConfig", "LevelResult", "TargetResult", "run_benchmark"]
