@@ -108,9 +108,12 @@ def from_json(meta: dict, path: Path, shapes=None, batch: int = 1) -> list[dict]
                     arr = arr.reshape(v["shape"])
             else:
                 arr = np.asarray(v, dtype=_dtype(spec["datatype"]))
-                shape = _dims(meta, spec, shapes or {}, batch)[
-                    1 if meta.get("max_batch_size", 0) > 0 else 0:]
-                if arr.ndim <= 1 and arr.size == int(np.prod(shape)):
+                try:
+                    shape = _dims(meta, spec, shapes or {}, batch)[
+                        1 if meta.get("max_batch_size", 0) > 0 else 0:]
+                except InputError:  # variable dims: the values as given
+                    shape = None
+                if shape is not None and arr.ndim <= 1 and arr.size == int(np.prod(shape)):
                     arr = arr.reshape(shape)
             req[name] = _fit(meta, spec, arr, batch)
         sets.append(req)
