@@ -1,0 +1,461 @@
+// Tests of the C++ client against a live server (started by tests/test_cpp_client.py).
+//
+//   shmserve_cpp_tests suite     --socket PATH --vectors FILE   every check below
+//   shmserve_cpp_tests vectors   --vectors FILE                 byte vectors only (no server)
+//   shmserve_cpp_tests roundtrip --socket PATH --dir DIR        requests from DIR/manifest.txt,
+//                                                               outputs written to DIR
+//   shmserve_cpp_tests shutdown  --socket PATH                  expects the server to stop
+//                                                               while a request waits
+// No test framework: CHECK prints what failed and where; the exit code counts failures.
+#include <shmserve/client.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+namespace {
+
+int failures = 0;
+
+#define CHECK(cond, ...)                                                                 \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      failures++;                                                                        \
+      std::fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
+      std::fprintf(stderr, "%s\n", describe(__VA_ARGS__).c_str());                       \
+    }                                                                                    \
+  } while (0)
+
+template <class... A> std::string describe(const A &...a) {
+  std::ostringstream s;
+  (s << ... << a);
+  return s.str();
+}
+
+/// Runs fn, expects an exception of type E whose message contains `needle`.
+template <class E>
+void expect_error(const char *what, const std::function<void()> &fn, const std::string &needle,
+                  shmserve::Status status) {
+  try {
+    fn();
+    CHECK(false, what, ": no error raised");
+  } catch (const E &e) {
+    CHECK(e.status() == status, what, ": status ", shmserve::status_name(e.status()));
+    CHECK(std::string(e.what()).find(needle) != std::string::npos, what, ": message '", e.what(),
+          "' lacks '", needle, "'");
+  } catch (const std::exception &e) {
+    CHECK(false, what, ": wrong exception type: ", e.what());
+  }
+}
+
+void run(const char *name, const std::function<void()> &fn) {
+  int before = failures;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    fn();
+  } catch (const std::exception &e) {
+    failures++;
+    std::fprintf(stderr, "FAILED %s: unexpected exception: %s\n", name, e.what());
+  }
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("%s %s (%.0f ms)\n", failures == before ? "ok  " : "FAIL", name, ms);
+  std::fflush(stdout);
+}
+
+std::string hex(const void *p, size_t n) {
+  static const char *d = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char c = static_cast<const unsigned char *>(p)[i];
+    s += d[c >> 4];
+    s += d[c & 15];
+  }
+  return s;
+}
+std::string hex(const std::string &s) { return hex(s.data(), s.size()); }
+
+/// The "hex" of vector `name` in the JSON file (written by scripts/make_vectors.py,
+/// one key per line): enough of a JSON reader for that file.
+std::string vector_hex(const std::string &json, const std::string &name) {
+  size_t at = json.find("\"" + name + "\": {");
+  if (at == std::string::npos) return "<missing>";
+  at = json.find("\"hex\": \"", at);
+  if (at == std::string::npos) return "<missing>";
+  at += 8;
+  return json.substr(at, json.find('"', at) - at);
+}
+
+std::string read_file(const std::string &path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// ------------------------------------------------------------------ vectors
+
+void test_vectors(const std::string &path) {
+  const std::string json = read_file(path);
+  CHECK(!json.empty(), "cannot read ", path);
+  using shmserve::DType;
+  std::vector<shms_tensor_ref> in = {
+      shmserve::make_tensor_ref(0, DType::INT32, 0x28000, 64, {1, 16}),
+      shmserve::make_tensor_ref(1, DType::INT32, 0x28040, 64, {1, 16})};
+  std::vector<shms_tensor_ref> out = {shmserve::make_tensor_ref(0, DType::INVALID, 0x28080, 64, {}),
+                                      shmserve::make_tensor_ref(1, DType::INVALID, 0x280c0, 64, {})};
+  CHECK(hex(&in[0], sizeof in[0]) == vector_hex(json, "tensor_ref"), "tensor_ref differs");
+  auto req = std::make_unique<shms_request>();
+  std::memset(req.get(), 0, sizeof *req);
+  shmserve::encode_request(*req, 2, in, out);
+  CHECK(hex(req.get(), sizeof *req) == vector_hex(json, "request_simple"), "request_simple differs");
+
+  uint64_t claim = shms_claim_word(3, 4097);
+  CHECK(hex(&claim, 8) == vector_hex(json, "claim_word"), "claim word ", hex(&claim, 8));
+
+  // A ring of 8 cells, enqueue_pos 4097, one real push (shms_ring_push).
+  alignas(64) unsigned char buf[sizeof(shms_control) + 8 * sizeof(shms_ring_cell)] = {};
+  auto *ctl = reinterpret_cast<shms_control *>(buf);
+  ctl->magic = SHMS_MAGIC_CONTROL;
+  ctl->version = 1;
+  ctl->header_bytes = ctl->ring_offset = sizeof(shms_control);
+  ctl->ring_capacity = 8;
+  for (uint64_t i = 0; i < 8; i++) shms_ring_cells(ctl)[i].seq.store(i);
+  ctl->enqueue_pos.store(4097);
+  shms_ring_cells(ctl)[1].seq.store(4097);
+  CHECK(shms_ring_push(ctl, 3, 5, 7) == SHMS_RING_OK, "push failed");
+  uint64_t enq = ctl->enqueue_pos.load();
+  CHECK(hex(&shms_ring_cells(ctl)[1], 32) + hex(&enq, 8) == vector_hex(json, "ring_cell_after_push"),
+        "ring cell differs: ", hex(&shms_ring_cells(ctl)[1], 32) + hex(&enq, 8));
+
+  CHECK(hex(shmserve::hello_frame(4242, 1048576)) == vector_hex(json, "hello_frame"), "hello frame differs: ",
+        hex(shmserve::hello_frame(4242, 1048576)));
+  CHECK(hex(shmserve::op_frame("metadata", "simple", 0)) == vector_hex(json, "metadata_frame"),
+        "metadata frame differs");
+  CHECK(hex(shmserve::encode_bytes({"ab", ""})) == vector_hex(json, "bytes_tensor"), "BYTES encoding differs");
+  auto items = shmserve::decode_bytes("\x02\0\0\0ab\0\0\0\0", 10, 2);
+  CHECK(items.size() == 2 && items[0] == "ab" && items[1].empty(), "BYTES decoding");
+
+  auto unhex = [](const std::string &h) {
+    std::string s;
+    for (size_t i = 0; i + 1 < h.size(); i += 2) s += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
+    return s;
+  };
+  shmserve::Reply err = shmserve::decode_frame(unhex(vector_hex(json, "error_reply_frame")));
+  CHECK(!err.ok(), "error reply decodes as ok");
+  expect_error<shmserve::InvalidArgumentError>("error reply", [&] { err.raise_if_failed(); },
+                                               "protocol version 2 not supported", shmserve::Status::INVALID_ARG);
+  shmserve::Reply meta = shmserve::decode_frame(unhex(vector_hex(json, "metadata_reply_frame")));
+  shmserve::ModelInfo m = shmserve::parse_model(meta.root());
+  CHECK(meta.ok() && m.id == 2 && m.name == "simple" && m.version == 1 && m.max_batch_size == 8 &&
+            m.inputs.size() == 2 && m.outputs.size() == 2 && m.inputs[1].name == "INPUT1" &&
+            m.inputs[1].dtype == DType::INT32 && m.inputs[1].shape == std::vector<int64_t>({-1, 16}) &&
+            m.ready(),
+        "metadata reply decoded wrong");
+}
+
+// ------------------------------------------------------------------ live server
+
+const std::vector<std::pair<std::string, shmserve::DType>> kDtypes = {
+    {"BOOL", shmserve::DType::BOOL},     {"INT8", shmserve::DType::INT8},
+    {"INT16", shmserve::DType::INT16},   {"INT32", shmserve::DType::INT32},
+    {"INT64", shmserve::DType::INT64},   {"UINT8", shmserve::DType::UINT8},
+    {"UINT16", shmserve::DType::UINT16}, {"UINT32", shmserve::DType::UINT32},
+    {"UINT64", shmserve::DType::UINT64}, {"FP16", shmserve::DType::FP16},
+    {"FP32", shmserve::DType::FP32},     {"FP64", shmserve::DType::FP64},
+    {"BF16", shmserve::DType::BF16}};
+
+std::vector<int32_t> iota32(int n, int start) {
+  std::vector<int32_t> v(n);
+  for (int i = 0; i < n; i++) v[i] = start + i;
+  return v;
+}
+
+/// simple: OUTPUT0 = a + b, OUTPUT1 = a - b.
+bool check_simple(const shmserve::Result &r, const std::vector<int32_t> &a, const std::vector<int32_t> &b) {
+  const auto &o0 = r["OUTPUT0"], &o1 = r["OUTPUT1"];
+  if (o0.nbytes != a.size() * 4 || o1.nbytes != a.size() * 4) return false;
+  for (size_t i = 0; i < a.size(); i++)
+    if (o0.as<int32_t>()[i] != a[i] + b[i] || o1.as<int32_t>()[i] != a[i] - b[i]) return false;
+  return true;
+}
+
+void suite(const shmserve::Options &opts) {
+  using shmserve::DType;
+  shmserve::Client client(opts);
+  const uint64_t baseline = client.arena_used();
+
+  run("metadata", [&] {
+    auto models = client.models();
+    bool identity = false, simple = false;
+    for (const auto &m : models) identity |= m.name == "identity", simple |= m.name == "simple";
+    CHECK(identity && simple, "models() lacks identity or simple");
+    auto m = client.metadata("simple");
+    CHECK(m.inputs.size() == 2 && m.inputs[0].dtype == DType::INT32 && m.max_batch_size == 8, "simple metadata");
+    CHECK(client.config("simple").find("simple") != std::string::npos, "config text");
+    expect_error<shmserve::ModelNotFoundError>("metadata of unknown model", [&] { client.metadata("nope"); },
+                                               "nope", shmserve::Status::NOT_FOUND);
+  });
+
+  run("simple", [&] {
+    for (int rows : {1, 3, 8}) {
+      auto a = iota32(16 * rows, -20), b = iota32(16 * rows, 1000);
+      auto r = client.infer("simple", {{"INPUT0", {rows, 16}, a}, {"INPUT1", {rows, 16}, b}});
+      CHECK(check_simple(r, a, b), "wrong answer for rows ", rows);
+      CHECK(r["OUTPUT0"].shape == std::vector<int64_t>({rows, 16}) && r["OUTPUT0"].dtype == DType::INT32,
+            "OUTPUT0 shape/dtype");
+      auto one = client.infer("simple", {{"INPUT0", {rows, 16}, a}, {"INPUT1", {rows, 16}, b}}, {"OUTPUT1"});
+      CHECK(one.size() == 1 && one.outputs()[0].name == "OUTPUT1", "output selection");
+    }
+  });
+
+  run("identity 4 KiB", [&] {
+    std::vector<float> x(1024);
+    for (size_t i = 0; i < x.size(); i++) x[i] = 0.5f * i - 3;
+    auto r = client.infer("identity", {{"INPUT0", {1, 1024}, x}});
+    CHECK(r["OUTPUT0"].nbytes == 4096 && std::memcmp(r["OUTPUT0"].data, x.data(), 4096) == 0, "identity bytes");
+    auto ts = r.timestamps_ns();
+    CHECK(ts[SHMS_T_CLIENT_WRITE] <= ts[SHMS_T_ENQUEUE] && ts[SHMS_T_ENQUEUE] <= ts[SHMS_T_CLIENT_WAKE],
+          "timestamps out of order");
+  });
+
+  run("every dtype, bit exact", [&] {
+    std::mt19937_64 rng(42);
+    std::vector<std::string> names;
+    for (const auto &m : client.models()) names.push_back(m.name);
+    int tested = 0;
+    for (const auto &[name, dt] : kDtypes) {
+      std::string model = "id_" + name;
+      if (std::find(names.begin(), names.end(), model) == names.end()) {
+        CHECK(name == "BF16", "server lacks model ", model);
+        continue;
+      }
+      for (int rows : {1, 3, 16}) {
+        std::vector<int64_t> shape = {rows, 7};
+        std::vector<unsigned char> x(rows * 7 * shmserve::dtype_size(dt));
+        for (auto &c : x) c = static_cast<unsigned char>(rng());
+        if (dt == DType::BOOL) for (auto &c : x) c &= 1;
+        auto r = client.infer(model, {{"INPUT0", dt, shape, x.data(), x.size()}});
+        const auto &o = r["OUTPUT0"];
+        CHECK(o.dtype == dt && o.shape == shape && o.nbytes == x.size() &&
+                  std::memcmp(o.data, x.data(), x.size()) == 0,
+              model, " rows ", rows, ": output differs");
+      }
+      tested++;
+    }
+    CHECK(tested >= 12, "only ", tested, " dtypes tested");
+    // BYTES: encoded by the caller, decoded from the view.
+    std::vector<std::string> items = {"", std::string("\0\xff", 2), "h\xc3\xa9llo", std::string(1000, 'a'), "x", "yz"};
+    std::string enc = shmserve::encode_bytes(items);
+    auto r = client.infer("id_BYTES", {{"INPUT0", DType::BYTES, {2, 3}, enc.data(), enc.size()}});
+    CHECK(r["OUTPUT0"].strings() == items && r["OUTPUT0"].bytes() == enc, "BYTES round trip");
+  });
+
+  run("zero-copy input and output lifetime", [&] {
+    {
+      shmserve::Tensor t = client.alloc(DType::FP32, {2, 300});
+      for (int i = 0; i < 600; i++) t.data<float>()[i] = static_cast<float>(i);
+      CHECK(client.arena_used() > baseline, "alloc() took no arena memory");
+      uint64_t with_tensor = client.arena_used();
+      shmserve::Result r = client.infer("identity", {{"INPUT0", t}});
+      // Only the output buffer was allocated: the input was not copied.
+      CHECK(client.arena_used() - with_tensor == shmserve::detail::align64(std::max<uint64_t>(2400, 4096)),
+            "zero-copy request allocated ", client.arena_used() - with_tensor, " bytes");
+      shmserve::Result copy = r;
+      r.release();
+      CHECK(std::memcmp(copy["OUTPUT0"].data, t.data(), 2400) == 0, "copy of a result lost its data");
+    }
+    CHECK(client.arena_used() == baseline, "arena not returned: ", client.arena_used(), " bytes held");
+    // A result outlives its client: the mapping stays until the result is gone.
+    shmserve::Result kept;
+    {
+      shmserve::Client other(opts);
+      auto a = iota32(16, 5), b = iota32(16, 7);
+      kept = other.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, b}});
+    }
+    CHECK(kept["OUTPUT0"].as<int32_t>()[15] == 20 + 22, "result after its client closed");
+  });
+
+  run("async: 100 in flight from one thread", [&] {
+    std::vector<shmserve::Future> futures;
+    std::vector<std::vector<int32_t>> as;
+    for (int i = 0; i < 100; i++) {
+      as.push_back(iota32(16, i * 100));
+      futures.push_back(client.submit("simple", {{"INPUT0", {1, 16}, as.back()}, {"INPUT1", {1, 16}, as.back()}}));
+    }
+    int good = 0;
+    for (int i = 99; i >= 0; i--) good += check_simple(futures[i].get(30), as[i], as[i]);
+    CHECK(good == 100, good, " of 100 futures answered right");
+    CHECK(client.arena_used() == baseline, "arena not returned after futures");
+  });
+
+  run("concurrency: 4 threads", [&] {
+    std::atomic<int> wrong{0}, errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; t++) {
+      threads.emplace_back([&, t] {
+        try {
+          for (int i = 0; i < 150; i++) {
+            int rows = 1 + (i + t) % 4;
+            auto a = iota32(16 * rows, t * 100000 + i), b = iota32(16 * rows, -i);
+            auto r = client.infer("simple", {{"INPUT0", {rows, 16}, a}, {"INPUT1", {rows, 16}, b}});
+            if (!check_simple(r, a, b)) wrong++;
+            std::vector<double> x(rows * (1 + i % 9), t + i * 0.5);
+            auto r2 = client.infer("id_FP64", {{"INPUT0", {rows, 1 + i % 9}, x}});
+            if (std::memcmp(r2["OUTPUT0"].data, x.data(), x.size() * 8) != 0) wrong++;
+          }
+        } catch (const std::exception &e) {
+          std::fprintf(stderr, "thread %d: %s\n", t, e.what());
+          errors++;
+        }
+      });
+    }
+    for (auto &th : threads) th.join();
+    CHECK(wrong == 0 && errors == 0, wrong.load(), " wrong answers, ", errors.load(), " errors");
+  });
+
+  run("bad input gives typed errors", [&] {
+    auto a = iota32(16, 0), short_ = iota32(15, 0);
+    std::vector<float> f(16, 1.0f);
+    using shmserve::Status;
+    expect_error<shmserve::ModelNotFoundError>("unknown model", [&] { client.infer("nope", {{"INPUT0", {1, 16}, a}}); },
+                                               "unknown model 'nope'", Status::NOT_FOUND);
+    expect_error<shmserve::InvalidArgumentError>(
+        "wrong shape", [&] { client.infer("simple", {{"INPUT0", {1, 15}, short_}, {"INPUT1", {1, 15}, short_}}); },
+        "input 'INPUT0' dimension 1 is 15, expected 16", Status::INVALID_ARG);
+    expect_error<shmserve::InvalidArgumentError>(
+        "wrong dtype", [&] { client.infer("simple", {{"INPUT0", {1, 16}, f}, {"INPUT1", {1, 16}, a}}); },
+        "data type FP32, expected INT32", Status::INVALID_ARG);
+    expect_error<shmserve::InvalidArgumentError>(
+        "missing input", [&] { client.infer("simple", {{"INPUT0", {1, 16}, a}}); }, "missing input 'INPUT1'",
+        Status::INVALID_ARG);
+    expect_error<shmserve::InvalidArgumentError>(
+        "unknown input", [&] { client.infer("simple", {{"INPUTX", {1, 16}, a}}); }, "has no input 'INPUTX'",
+        Status::INVALID_ARG);
+    auto big = iota32(16 * 9, 0);
+    expect_error<shmserve::InvalidArgumentError>(
+        "batch too large", [&] { client.infer("simple", {{"INPUT0", {9, 16}, big}, {"INPUT1", {9, 16}, big}}); },
+        "batch size 9 outside 1..8", Status::INVALID_ARG);
+    std::vector<float> neg(4, -1.0f);
+    expect_error<shmserve::InternalError>("model raises", [&] { client.infer("raiser", {{"INPUT0", {1, 4}, neg}}); },
+                                          "boom", Status::INTERNAL);
+    expect_error<shmserve::UnavailableError>("model failed to load",
+                                             [&] { client.infer("broken", {{"INPUT0", {1, 4}, f}}); },
+                                             "not available", Status::UNAVAILABLE);
+    auto r = client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}});  // still serving
+    CHECK(check_simple(r, a, a), "no answer after errors");
+    r.release();
+    CHECK(client.arena_used() == baseline, "arena after errors: ", client.arena_used());
+  });
+
+  run("output larger than guessed (retried once)", [&] {
+    std::vector<float> x(2000);
+    for (size_t i = 0; i < x.size(); i++) x[i] = float(i);
+    auto r = client.infer("grow", {{"INPUT0", {1, 2000}, x}});  // output is 3x the input
+    const auto &o = r["OUTPUT0"];
+    CHECK(o.shape == std::vector<int64_t>({1, 6000}) && o.nbytes == 24000 &&
+              std::memcmp(o.as<float>() + 4000, x.data(), 8000) == 0,
+          "grow output");
+  });
+
+  run("timeout, then the slot comes back", [&] {
+    std::vector<float> x = {0.4f};
+    expect_error<shmserve::TimeoutError>("timeout", [&] { client.infer("sleeper", {{"INPUT0", {1, 1}, x}}, {}, 0.05); },
+                                         "no answer within", shmserve::Status::UNAVAILABLE);
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    auto a = iota32(16, 3);
+    CHECK(check_simple(client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}}), a, a),
+          "after timeout");
+    CHECK(client.arena_used() == baseline, "orphaned request not reclaimed: ", client.arena_used());
+  });
+}
+
+// ------------------------------------------------------------------ other modes
+
+/// DIR/manifest.txt, one request a line: id model n_inputs (name dtype ndim dims... file)...
+/// Writes DIR/<id>.<output>.bin (raw bytes) and .meta ("DTYPE d0 d1 ...").
+void roundtrip(const shmserve::Options &opts, const std::string &dir) {
+  shmserve::Client client(opts);
+  std::ifstream manifest(dir + "/manifest.txt");
+  std::string line;
+  int n = 0;
+  while (std::getline(manifest, line)) {
+    std::istringstream in(line);
+    std::string id, model;
+    int n_inputs;
+    in >> id >> model >> n_inputs;
+    std::vector<std::string> data(n_inputs);
+    std::vector<shmserve::Input> inputs;
+    for (int i = 0; i < n_inputs; i++) {
+      std::string name, dtype, file;
+      int ndim;
+      in >> name >> dtype >> ndim;
+      std::vector<int64_t> shape(ndim);
+      for (auto &d : shape) in >> d;
+      in >> file;
+      data[i] = read_file(dir + "/" + file);
+      inputs.emplace_back(name, shmserve::dtype_from_name(dtype), shape, data[i].data(), data[i].size());
+    }
+    auto r = client.infer(model, inputs);
+    for (const auto &o : r.outputs()) {
+      std::ofstream(dir + "/" + id + "." + o.name + ".bin", std::ios::binary).write(
+          static_cast<const char *>(o.data), static_cast<std::streamsize>(o.nbytes));
+      std::ofstream meta(dir + "/" + id + "." + o.name + ".meta");
+      meta << shmserve::dtype_name(o.dtype);
+      for (auto d : o.shape) meta << " " << d;
+      meta << "\n";
+    }
+    n++;
+  }
+  CHECK(n > 0, "empty manifest");
+  std::printf("roundtrip: %d requests\n", n);
+}
+
+/// A request waits on `sleeper` (5 s) when the test stops the server: get() must
+/// fail with ServerDeadError soon, and later requests fail at once.
+void shutdown(const shmserve::Options &opts) {
+  shmserve::Client client(opts);
+  std::vector<float> x = {5.0f};
+  shmserve::Future f = client.submit("sleeper", {{"INPUT0", {1, 1}, x}});
+  std::printf("READY\n");
+  std::fflush(stdout);
+  auto t0 = std::chrono::steady_clock::now();
+  expect_error<shmserve::ServerDeadError>("pending request at shutdown", [&] { f.get(60); }, "",
+                                          shmserve::Status::UNAVAILABLE);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 4.5, "server death noticed after ", s, " s");
+  std::vector<float> y = {1.0f};
+  expect_error<shmserve::ServerDeadError>("request after shutdown", [&] { client.infer("identity", {{"INPUT0", {1, 1}, y}}); },
+                                          "", shmserve::Status::UNAVAILABLE);
+  std::printf("shutdown noticed after %.2f s\n", s);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown [--socket P] [--vectors F] [--dir D]\n", argv[0]);
+    return 2;
+  }
+  std::string mode = argv[1], vectors, dir;
+  shmserve::Options opts;
+  opts.arena_bytes = 8 << 20;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string k = argv[i];
+    if (k == "--socket") opts.socket_path = argv[i + 1];
+    else if (k == "--name") opts.name = argv[i + 1];
+    else if (k == "--vectors") vectors = argv[i + 1];
+    else if (k == "--dir") dir = argv[i + 1];
+  }
+  if (const char *v = std::getenv("SHMSERVE_VECTORS"); vectors.empty() && v) vectors = v;
+  if (mode == "vectors" || mode == "suite") run("protocol vectors", [&] { test_vectors(vectors); });
+  if (mode == "suite") suite(opts);
+  if (mode == "roundtrip") run("roundtrip", [&] { roundtrip(opts, dir); });
+  if (mode == "shutdown") run("shutdown", [&] { shutdown(opts); });
+  std::printf("%s: %d failure%s\n", mode.c_str(), failures, failures == 1 ? "" : "s");
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Protocol test vectors: exact bytes of descriptors and control-socket frames.
+
+Every vector is produced by the Python side's own code (shmserve._core, built from
+shmserve/csrc/shmserve.h, and shmserve.protocol's msgpack framing) from the params
+stored next to it. Two checks keep the clients from drifting apart:
+
+  - tests/test_vectors.py recomputes every vector here and compares with the file;
+  - the C++ client's tests (clients/cpp/tests/test_client.cpp) build the same bytes
+    with the C++ encoders and compare with the file.
+
+    python scripts/make_vectors.py            # rewrites tests/vectors/protocol_vectors.json
+    python scripts/make_vectors.py --check    # exit 1 if the file differs
+"""
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from shmserve import _core  # noqa: E402
+from shmserve import protocol as P  # noqa: E402
+
+OUT = ROOT / "tests" / "vectors" / "protocol_vectors.json"
+L = P.LAYOUT
+
+# The worked example of docs/protocol.md section 13.3: `simple`, model id 2.
+SIMPLE_INPUTS = [(0, 8, 0x28000, 64, (1, 16)), (1, 8, 0x28040, 64, (1, 16))]
+SIMPLE_OUTPUTS = [(0, 0, 0x28080, 64, ()), (1, 0, 0x280C0, 64, ())]
+SIMPLE_META = {
+    "id": 2, "name": "simple", "version": 1, "platform": "python", "max_batch_size": 8,
+    "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [-1, 16]},
+               {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]}],
+    "outputs": [{"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
+                {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]}],
+    "state": "READY"}
+
+
+def _request_slot() -> bytearray:
+    slot = bytearray(L["slot.size"])
+    _core.Mapping(slot).write_request(0, 1, 2, SIMPLE_INPUTS, SIMPLE_OUTPUTS)
+    return slot
+
+
+def tensor_ref() -> bytes:
+    base = L["slot.request"] + 32  # inputs[0]
+    return bytes(_request_slot()[base:base + L["tensor_ref.size"]])
+
+
+def request_simple() -> bytes:
+    base = L["slot.request"]
+    return bytes(_request_slot()[base:base + L["request.size"]])
+
+
+def claim_word(owner: int, pos: int) -> bytes:
+    # CLAIM(owner, pos), docs/protocol.md section 5; little-endian u64 as in the cell.
+    return struct.pack("<Q", (1 << 63) | ((owner & 0x7FFFFFFF) << 32) | (pos & 0xFFFFFFFF))
+
+
+def ring_cell_after_push(capacity: int, pos: int, owner: int, slot: int, generation: int) -> bytes:
+    """A control block with `capacity` cells, enqueue_pos = pos (cell free for pos);
+    one real push through _core (shms_ring_push). Returns the cell then enqueue_pos."""
+    ring_offset = L["control.size"]
+    buf = bytearray(ring_offset + capacity * L["ring_cell.size"])
+    struct.pack_into("<QIIII", buf, 0, 0x314C5443534D4853, 1, ring_offset, ring_offset, capacity)
+    for i in range(capacity):
+        struct.pack_into("<Q", buf, ring_offset + i * 32, i)
+    struct.pack_into("<Q", buf, L["control.enqueue_pos"], pos)
+    cell = ring_offset + (pos & (capacity - 1)) * 32
+    struct.pack_into("<Q", buf, cell, pos)
+    rc = _core.Mapping(buf).ring_push(owner, slot, generation)
+    assert rc == P.RingResult.OK, rc
+    return bytes(buf[cell:cell + 32]) + bytes(buf[L["control.enqueue_pos"]:L["control.enqueue_pos"] + 8])
+
+
+def frame(message: dict) -> bytes:
+    return P.pack_frame(message)
+
+
+def bytes_tensor(items: list[str]) -> bytes:
+    import numpy as np
+    return P.encode_bytes(np.array([s.encode() for s in items], dtype=object))
+
+
+SPECS = {
+    "tensor_ref": ("shms_tensor_ref: inputs[0] of the request below (index 0, INT32, [1, 16], "
+                   "offset 0x28000, 64 bytes)", tensor_ref, {}),
+    "request_simple": ("shms_request of docs/protocol.md 13.3: model 2, INPUT0/INPUT1 INT32 [1, 16] "
+                       "at 0x28000/0x28040, outputs 0/1 at 0x28080/0x280c0, capacity 64",
+                       request_simple, {}),
+    "claim_word": ("ring cell seq while claimed: CLAIM(owner 3, pos 4097), u64 little-endian",
+                   claim_word, {"owner": 3, "pos": 4097}),
+    "ring_cell_after_push": ("32-byte ring cell, then enqueue_pos (u64), after push(owner 3, slot 5, "
+                             "generation 7) at pos 4097 in a ring of 8 cells",
+                             ring_cell_after_push,
+                             {"capacity": 8, "pos": 4097, "owner": 3, "slot": 5, "generation": 7}),
+    "hello_frame": ("hello request frame (big-endian u32 length + msgpack map)", frame,
+                    {"message": {"op": "hello", "version": 1, "pid": 4242, "arena_bytes": 1048576}}),
+    "metadata_frame": ("metadata request frame, version nil (= highest)", frame,
+                       {"message": {"op": "metadata", "model": "simple", "version": None}}),
+    "error_reply_frame": ("failed reply frame, as the server sends it (with its 'type' field)", frame,
+                          {"message": {"ok": False, "code": 1,
+                                       "error": "protocol version 2 not supported (server speaks 1)",
+                                       "type": "ShmServeError"}}),
+    "metadata_reply_frame": ("successful metadata reply frame for `simple`", frame,
+                             {"message": {"ok": True, **SIMPLE_META}}),
+    "bytes_tensor": ("BYTES tensor [\"ab\", \"\"]", bytes_tensor, {"items": ["ab", ""]}),
+}
+
+
+def build() -> dict:
+    vectors = {}
+    for name, (what, fn, params) in SPECS.items():
+        vectors[name] = {"what": what, "params": params, "hex": fn(**params).hex()}
+    return {"about": "Generated by scripts/make_vectors.py; checked by tests/test_vectors.py "
+                     "and by the C++ client's tests. Do not edit by hand.",
+            "vectors": vectors}
+
+
+def render(doc: dict) -> str:
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def main() -> int:
+    text = render(build())
+    if "--check" in sys.argv:
+        same = OUT.exists() and OUT.read_text() == text
+        print("vectors up to date" if same else f"{OUT} differs from what the code produces")
+        return 0 if same else 1
+    OUT.write_text(text)
+    print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

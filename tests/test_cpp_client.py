@@ -1,0 +1,151 @@
+"""The C++ client (clients/cpp) against live servers: its own test program (built
+with CMake and g++, once normally and once under AddressSanitizer + UBSan), its
+example, identical bytes with the Python client, and a server shutdown.
+
+Needs cmake, g++ and the msgpack-cxx headers (README: "C++ client"); .ci/run
+installs them. Without them these tests are skipped with the reason."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import DTYPES, HAVE_BF16, REPO_ROOT, python_config, write_model, SLEEPER_CODE
+
+from shmserve import protocol as P
+
+pytestmark = pytest.mark.timeout(300)
+
+CPP = REPO_ROOT / "clients" / "cpp"
+VECTORS = REPO_ROOT / "tests" / "vectors" / "protocol_vectors.json"
+MSGPACK_DIRS = ("/usr/include", "/usr/local/include")
+
+
+def _missing() -> str | None:
+    for tool in ("cmake", "g++"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (README: C++ client)"
+    if not any(Path(d, "msgpack.hpp").exists() for d in MSGPACK_DIRS):
+        return "msgpack-cxx headers are not installed (apt-get install libmsgpack-cxx-dev)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def cpp_build(tmp_path_factory) -> Path:
+    """One CMake configure, every target in one parallel build: the tests (plain and
+    under ASan + UBSan, -O1) and the examples (-O0: built and smoke-run here only)."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    build_dir = tmp_path_factory.mktemp("cpp-build")
+    configure = ["cmake", "-S", str(CPP), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=",
+                 "-DCMAKE_CXX_FLAGS=-O0 -Werror -Wall -Wextra", "-DSHMSERVE_CLIENT_SANITIZERS=ON"]
+    build = ["cmake", "--build", str(build_dir), "-j", str(max(2, os.cpu_count() or 2)),
+             "--target", "shmserve_cpp_tests", "shmserve_cpp_tests_sanitized", "shmserve_infer",
+             "shmserve_latency"]
+    for cmd in (configure, build):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return build_dir
+
+
+def _run(cmd: list, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    assert r.returncode == 0, f"{cmd[0]} exited with {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def test_cpp_suite(cpp_build, main_server):
+    r = _run([cpp_build / "shmserve_cpp_tests", "suite", "--socket", main_server.socket_path,
+              "--vectors", VECTORS])
+    assert "suite: 0 failures" in r.stdout
+
+
+def test_cpp_suite_under_address_and_undefined_behavior_sanitizers(cpp_build, main_server):
+    r = _run([cpp_build / "shmserve_cpp_tests_sanitized", "suite", "--socket",
+              main_server.socket_path, "--vectors", VECTORS],
+             env={"ASAN_OPTIONS": "detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1"})
+    assert "suite: 0 failures" in r.stdout
+    assert "runtime error" not in r.stderr and "AddressSanitizer" not in r.stderr, r.stderr
+
+
+def test_cpp_example_program(cpp_build, main_server):
+    r = _run([cpp_build / "shmserve_infer", "simple", "--name", main_server.name],
+             env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
+    assert "OUTPUT0 INT32 [1, 16]: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16" in r.stdout
+    assert "OUTPUT1 INT32 [1, 16]: -1 0 1 2" in r.stdout
+    r = _run([cpp_build / "shmserve_latency", "--name", main_server.name, "--requests", "200",
+              "--warmup", "20"], env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
+    assert "p50" in r.stdout
+
+
+def _inputs_for(model: str, rng) -> dict:
+    if model == "simple":
+        return {"INPUT0": rng.integers(-2**31, 2**31, (3, 16), dtype=np.int32),
+                "INPUT1": rng.integers(-2**31, 2**31, (3, 16), dtype=np.int32)}
+    if model == "identity":
+        return {"INPUT0": rng.standard_normal((1, 1024)).astype(np.float32)}
+    dtype = model[3:]
+    if dtype == "BYTES":
+        return {"INPUT0": np.array([bytes(rng.integers(0, 256, i % 5, dtype=np.uint8))
+                                    for i in range(10)], dtype=object).reshape(2, 5)}
+    if dtype == "BOOL":
+        return {"INPUT0": rng.integers(0, 2, (4, 9)).astype(np.bool_)}
+    raw = rng.integers(0, 256, 4 * 9 * P.numpy_dtype(P.DTYPE_CODES[dtype]).itemsize, dtype=np.uint8)
+    return {"INPUT0": raw.view(P.numpy_dtype(P.DTYPE_CODES[dtype])).reshape(4, 9)}
+
+
+def _raw(arr: np.ndarray) -> bytes:
+    return P.encode_bytes(arr) if arr.dtype == object else arr.tobytes()
+
+
+def test_cpp_and_python_clients_return_identical_bytes(cpp_build, main_server, client, tmp_path):
+    rng = np.random.default_rng(7)
+    models = ["simple", "identity"] + [f"id_{d}" for d in DTYPES if d != "BF16" or HAVE_BF16]
+    requests, lines = {}, []
+    for i, model in enumerate(models):
+        inputs = _inputs_for(model, rng)
+        requests[str(i)] = (model, inputs)
+        fields = [str(i), model, str(len(inputs))]
+        for name, arr in inputs.items():
+            code = P.dtype_code(arr.dtype)
+            fname = f"{i}.{name}.in"
+            (tmp_path / fname).write_bytes(_raw(arr))
+            fields += [name, P.DTYPE_NAMES[code], str(arr.ndim), *map(str, arr.shape), fname]
+        lines.append(" ".join(fields))
+    (tmp_path / "manifest.txt").write_text("\n".join(lines) + "\n")
+    _run([cpp_build / "shmserve_cpp_tests", "roundtrip", "--socket", main_server.socket_path,
+          "--dir", tmp_path])
+    for rid, (model, inputs) in requests.items():
+        out = client.infer(model, inputs, copy=True)
+        assert len(out) >= 1
+        for name, arr in out.items():
+            cpp = (tmp_path / f"{rid}.{name}.bin").read_bytes()
+            meta = (tmp_path / f"{rid}.{name}.meta").read_text().split()
+            assert cpp == _raw(arr), f"{model} {name}: C++ and Python bytes differ"
+            assert meta[0] == P.DTYPE_NAMES[P.dtype_code(arr.dtype)], (model, name, meta)
+            assert [int(d) for d in meta[1:]] == list(arr.shape), (model, name, meta)
+
+
+def test_cpp_client_sees_server_shutdown_as_an_error(cpp_build, server_factory):
+    server = server_factory(models=("identity",), setup=lambda repo: write_model(
+        repo, "sleeper", python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
+        SLEEPER_CODE))
+    proc = subprocess.Popen([str(cpp_build / "shmserve_cpp_tests"), "shutdown", "--socket",
+                             str(server.socket_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "READY", proc.stderr.read()
+        server.stop()
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, f"{out}\n{err}"
+    assert "shutdown: 0 failures" in out
