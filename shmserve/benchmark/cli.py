@@ -61,6 +61,9 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
                    help="upper bound on the whole run")
     b.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
     b.add_argument("--arena-bytes", type=int, default=None, help="shmserve client arena size")
+    b.add_argument("--server-pid", type=int, default=None,
+                   help="report the CPU of this process and its children as server CPU "
+                        "(KServe targets; shmserve's is found by itself)")
     b.add_argument("-f", "--latency-report-file", dest="csv", default=None, metavar="FILE.csv")
     b.add_argument("--json", default=None, metavar="FILE")
     b.add_argument("--plot", default=None, metavar="DIR", help="write PNG charts here")
@@ -84,7 +87,8 @@ def config_from_args(args):
         measurement_interval_s=args.measurement_interval / 1000.0,
         stability_pct=args.stability_percentage, max_trials=args.max_trials,
         percentile=args.percentile, warmup_s=args.warmup, duration_s=args.duration,
-        timeout_s=args.request_timeout, target_options=opts, progress=not args.quiet)
+        timeout_s=args.request_timeout, target_options=opts, progress=not args.quiet,
+        server_pid=args.server_pid)
 
 
 def run(args) -> int:

@@ -123,8 +123,10 @@ class _Worker:
     def _done_queue(self):
         q: queue.SimpleQueue = queue.SimpleQueue()
 
-        def submit(i: int, intended: int) -> None:
+        def submit(i: int, intended: int | None) -> None:
             sent = now_ns()
+            if intended is None:  # closed loop: sent when intended
+                intended = sent
 
             def done(ok, err, stamps, end):
                 q.put((intended, sent, end, ok, err, stamps))
@@ -155,7 +157,7 @@ class _Worker:
         q, submit = self._done_queue()
         k, i = len(self.sets), 0
         for _ in range(self.spec["concurrency"]):
-            submit(i % k, now_ns())
+            submit(i % k, None)
             i += 1
         in_flight = self.spec["concurrency"]
         while not self.stop:
@@ -166,7 +168,7 @@ class _Worker:
                 continue
             while item is not None:  # everything that completed, before a boundary is sent
                 self._record(item)
-                submit(i % k, now_ns())
+                submit(i % k, None)
                 i += 1
                 try:
                     item = q.get_nowait()

@@ -51,6 +51,7 @@ class BenchConfig:
     target_options: dict = field(default_factory=dict)  # Client(arena_bytes=, spin_us=)
     progress: object = None                 # callable(str) or None
     collect_server_stats: bool = True
+    server_pid: int | None = None           # CPU of this process tree = server CPU (KServe targets)
 
     def levels(self) -> list[tuple[str, float]]:
         if self.request_rate:
@@ -235,7 +236,7 @@ def run_target(cfg: BenchConfig, url: str, deadline: float | None, levels_left: 
     try:
         tr.metadata = meta = probe.metadata()
         data_sets = I.load(meta, cfg.input_data, cfg.shapes, cfg.batch_size, cfg.seed)
-        server_pid = probe.server_pid()
+        server_pid = probe.server_pid() or cfg.server_pid
         client = getattr(probe, "client", None) if url_scheme(url) == "shm" else None
         for mode, value in cfg.levels():
             budget = None

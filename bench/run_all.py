@@ -1,0 +1,405 @@
+#!/usr/bin/env python3
+"""The bench suite: every DESIGN.md target in one run, then bench/RESULTS.md.
+
+    .venv/bin/python bench/run_all.py                 # about 5-8 minutes on 2 cores
+    .venv/bin/python bench/run_all.py --repeats 1 --no-triton     # quick look
+
+Each repeat, one server at a time (never two measurements at once):
+
+1. references: two-process futex ping-pong and two 1 MiB copies (bench/latency.py);
+2. shmserve (a private server on model_repository/): identity FP32 [1,1024] (4 KiB)
+   and [1,262144] (1 MiB) at concurrency 1; mlp FP32 [1,256] at 1/8/32 callers;
+   after each mlp level, bare onnxruntime (same model.onnx, intra_op 1) timed on
+   the batch sizes the server formed in that level (its statistics' batch
+   histogram): the ceiling at those batch sizes;
+3. Triton 2.51 from shared/peers (when /tmp/peers-venv exists): the same scenarios
+   over gRPC (+ system shared memory for identity), same harness, same settings.
+
+Ratios are computed within each repeat, then the median over repeats is reported.
+The machine is shared and noisy: load before and after and each level's machine
+CPU are in the report. Nothing here asserts on time.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT))
+
+import latency as L  # noqa: E402  (server control, machine info, references)
+from shmserve.benchmark import BenchConfig, report, run_benchmark  # noqa: E402
+from shmserve.benchmark import plot as PL  # noqa: E402
+from shmserve.benchmark import stats as S  # noqa: E402
+
+TRITON_GRPC = "127.0.0.1:18001"
+IDENTITY = {"4KiB": 1024, "1MiB": 262144}
+MLP_CALLERS = [1, 8, 32]
+TARGETS = {"4KiB": {"p50": 40.0, "p99": 150.0}, "1MiB": {"p50": 150.0}}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def cfg(args, model, url, **kw) -> BenchConfig:
+    base = dict(model=model, url=url, measurement_interval_s=args.window_ms / 1000.0,
+                warmup_s=args.warmup, max_trials=args.max_trials, stability_pct=10.0,
+                progress=say if args.verbose else None)
+    base.update(kw)
+    return BenchConfig(**base)
+
+
+def run_identity(args, url: str, size: str, label: str, **kw):
+    c = cfg(args, "identity", url, shapes={"INPUT0": [IDENTITY[size]]}, concurrency=[1],
+            target_options={"arena_bytes": 16 << 20} if url.startswith("shm://") else {}, **kw)
+    (tr,) = run_benchmark(c)
+    tr.label = f"{label} identity {size}"
+    return tr
+
+
+def run_mlp(args, url: str, label: str, **kw):
+    trs = []
+    for callers in MLP_CALLERS:
+        c = cfg(args, "mlp", url, concurrency=[callers], processes=1 if callers == 1 else 2, **kw)
+        (tr,) = run_benchmark(c)
+        trs.append(tr)
+    merged = trs[0]
+    for tr in trs[1:]:
+        merged.levels += tr.levels
+        merged.error = merged.error or tr.error
+    merged.label = f"{label} mlp"
+    return merged
+
+
+def ort_ceiling(model_path: Path, histogram: dict, budget_s: float = 3.0) -> dict:
+    """Bare onnxruntime (intra_op 1, sequential) on the batch sizes of `histogram`
+    {batch size: batches}: inferences/s if every batch ran as fast as a bare
+    session runs it."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    rng = np.random.default_rng(0)
+    per_size = budget_s / max(1, len(histogram))
+    times = {}
+    for b in sorted(histogram):
+        x = rng.standard_normal((b, 256)).astype(np.float32)
+        for _ in range(3):
+            sess.run(None, {name: x})
+        runs, t_end = [], time.perf_counter() + per_size
+        while time.perf_counter() < t_end or len(runs) < 5:
+            t0 = time.perf_counter_ns()
+            sess.run(None, {name: x})
+            runs.append(time.perf_counter_ns() - t0)
+        times[b] = float(np.median(runs)) / 1e9
+    items = sum(b * n for b, n in histogram.items())
+    busy = sum(times[b] * n for b, n in histogram.items())
+    return {"throughput": items / busy if busy else None,
+            "median_batch_s": {int(b): t for b, t in times.items()},
+            "mean_batch": items / max(1, sum(histogram.values()))}
+
+
+def shmserve_repeat(args, out_log: Path) -> dict:
+    server = L.ShmServer(args.model_repository, out_log, None)
+    res = {"identity": {}, "notes": []}
+    try:
+        server.start()
+        url = f"shm://{server.name}"
+        for size in IDENTITY:
+            say(f"  shmserve identity {size} ...")
+            res["identity"][size] = run_identity(args, url, size, "shmserve")
+        say("  shmserve mlp 1/8/32 + bare onnxruntime ...")
+        res["mlp"] = run_mlp(args, url, "shmserve")
+        res["ceiling"] = {}
+        for lv in res["mlp"].levels:
+            hist = (lv.server_stats or {}).get("batch_requests") or {}
+            if hist:
+                res["ceiling"][int(lv.value)] = ort_ceiling(
+                    args.model_repository / "mlp" / "1" / "model.onnx", hist)
+    finally:
+        server.stop()
+        res["notes"] += server.notes
+    return res
+
+
+def triton_repeat(args) -> dict:
+    res = {"identity": {}, "notes": []}
+    if L.port_open(L.TRITON_HTTP_PORT):
+        res["notes"].append("port 18000 already in use: Triton skipped")
+        return res
+    sh = ["bash", str(L.PEERS / "triton.sh")]
+    try:
+        r = subprocess.run([*sh, "start"], capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            res["notes"].append(f"triton.sh start failed: {r.stderr[-300:]}")
+            return res
+        pid = int((L.PEERS_WORK / "triton.pid").read_text())
+        for size in IDENTITY:
+            for proto in ("grpc+shm", "grpc"):
+                say(f"  Triton identity {size} {proto} ...")
+                res["identity"][f"{size}/{proto}"] = run_identity(
+                    args, f"{proto}://{TRITON_GRPC}", size, f"Triton {proto}", server_pid=pid)
+        say("  Triton mlp 1/8/32 ...")
+        res["mlp"] = run_mlp(args, f"grpc://{TRITON_GRPC}", "Triton grpc", server_pid=pid)
+    finally:
+        subprocess.run([*sh, "stop"], capture_output=True, text=True, timeout=60)
+    return res
+
+
+# ----------------------------------------------------------------------------- report
+def med(values):
+    v = [x for x in values if x is not None and np.isfinite(x)]
+    return float(np.median(v)) if v else None
+
+
+def f(v, nd=1):
+    return "-" if v is None else f"{v:,.{nd}f}"
+
+
+def lvl(tr, value=None):
+    if tr is None or not tr.levels:
+        return None
+    if value is None:
+        return tr.levels[0]
+    return next((x for x in tr.levels if int(x.value) == value), None)
+
+
+def summarize(reps: list[dict]) -> dict:
+    """Medians over repeats of every figure the report shows, ratios within repeats."""
+    out = {"identity": {}, "mlp": {}, "stages": {}}
+    for size in IDENTITY:
+        rows = {}
+        for who, get in [("shmserve", lambda r: r["shm"]["identity"].get(size)),
+                         ("Triton grpc+shm", lambda r: r["triton"]["identity"].get(f"{size}/grpc+shm")),
+                         ("Triton grpc", lambda r: r["triton"]["identity"].get(f"{size}/grpc"))]:
+            lvs = [lvl(get(r)) for r in reps]
+            lvs = [x for x in lvs if x is not None]
+            if not lvs:
+                continue
+            rows[who] = {k: med([x.summary["latency_us"][k] for x in lvs])
+                         for k in ("p50", "p90", "p99", "p99.9")}
+            rows[who]["throughput"] = med([x.summary["throughput"] for x in lvs])
+            rows[who]["errors"] = sum(x.summary["errors"] for x in lvs)
+            rows[who]["p50_range"] = (min(x.summary["latency_us"]["p50"] for x in lvs),
+                                      max(x.summary["latency_us"]["p50"] for x in lvs))
+            rows[who]["repeats"] = len(lvs)
+        ratios = []
+        for r in reps:
+            a, b = lvl(r["shm"]["identity"].get(size)), lvl(r["triton"]["identity"].get(f"{size}/grpc+shm"))
+            if a and b:
+                ratios.append(b.summary["latency_us"]["p50"] / a.summary["latency_us"]["p50"])
+        out["identity"][size] = {"rows": rows, "triton_over_shmserve_p50": med(ratios)}
+        stage_rows = {}
+        for r in reps:
+            x = lvl(r["shm"]["identity"].get(size))
+            for b in (x.breakdown if x else []):
+                stage_rows.setdefault(b["stage"], []).append(b)
+        out["stages"][size] = {s: {k: med([b[k] for b in bs]) for k in ("p50", "p90", "p99")}
+                               for s, bs in stage_rows.items()}
+    for callers in MLP_CALLERS:
+        row, shm_ceil, shm_tri = {}, [], []
+        shm = [lvl(r["shm"].get("mlp"), callers) for r in reps]
+        tri = [lvl(r["triton"].get("mlp"), callers) for r in reps]
+        ceil = [r["shm"].get("ceiling", {}).get(callers, {}).get("throughput") for r in reps]
+        for a, b, c in zip(shm, tri, ceil):
+            if a and c:
+                shm_ceil.append(a.summary["throughput"] / c)
+            if a and b and b.summary["throughput"]:
+                shm_tri.append(a.summary["throughput"] / b.summary["throughput"])
+        for who, lvs in (("shmserve", shm), ("Triton grpc", tri)):
+            lvs = [x for x in lvs if x is not None]
+            if lvs:
+                row[who] = {"throughput": med([x.summary["throughput"] for x in lvs]),
+                            "p50": med([x.summary["latency_us"]["p50"] for x in lvs]),
+                            "p99": med([x.summary["latency_us"]["p99"] for x in lvs]),
+                            "errors": sum(x.summary["errors"] for x in lvs),
+                            "client_cpu": med([x.client_cpu_pct for x in lvs]),
+                            "server_cpu": med([x.server_cpu_pct for x in lvs]),
+                            "server_us": med([x.server_cpu_us_per_request for x in lvs]),
+                            "machine": med([x.machine_busy_pct for x in lvs]),
+                            "stable": sum(bool(x.stable) for x in lvs)}
+        row["ceiling"] = med(ceil)
+        row["mean_batch"] = med([r["shm"].get("ceiling", {}).get(callers, {}).get("mean_batch")
+                                 for r in reps])
+        row["shm_over_ceiling"] = med(shm_ceil)
+        row["shm_over_triton"] = med(shm_tri)
+        out["mlp"][callers] = row
+    return out
+
+
+def render(res: dict, s: dict) -> str:
+    m = res["machine"]
+    o = ["# shmserve benchmark results", "",
+         f"Generated by `bench/run_all.py` on {res['started_utc']} in {res['wall_s']:.0f} s "
+         f"({res['repeats']} repeat(s); medians over repeats, ratios taken within each repeat "
+         "and then the median). Regenerate:", "", "```", res["command"], "```", "",
+         "## Machine", "",
+         f"- {m['cpus']} CPUs ({m['usable_cpus']} usable), {m['cpu_model']}, kernel {m['kernel']}, "
+         f"Python {m['python']}, numpy {m['numpy']}; shmserve {res['commit']}",
+         f"- load before: {res['load_before']['loadavg']} (busy {res['load_before']['busy_pct_of_one_core']} % "
+         f"of one core, steal {res['load_before']['steal_pct_of_one_core']} %); after: "
+         f"{res['load_after']['loadavg']} (busy {res['load_after']['busy_pct_of_one_core']} %)",
+         "- client, server and Triton share these CPUs (no pinning). The machine is shared with "
+         "other sessions: numbers move between runs; ratios within a run are the robust figures.",
+         f"- harness: `shmserve.benchmark` (the library behind `shmserve bench`); windows of "
+         f"{res['args']['window_ms']} ms after {res['args']['warmup']} s warm-up, until 3 windows "
+         f"agree within 10 % or {res['args']['max_trials']} windows; figures over the last 3 "
+         "windows. Latency is the client's call to return.", "",
+         "## Round trip, identity, 1 caller (us)", ""]
+    for size, d in s["identity"].items():
+        o.append(f"### {size}")
+        o.append("")
+        rows = []
+        for who, r in d["rows"].items():
+            rows.append([who, f(r["p50"]), f(r["p90"]), f(r["p99"]), f(r["p99.9"]),
+                         f(r["throughput"], 0), f"{f(r['p50_range'][0])}..{f(r['p50_range'][1])}",
+                         r["errors"]])
+        o.append(report.markdown_table(["target", "p50", "p90", "p99", "p99.9", "infer/s",
+                                        "p50 range over repeats", "errors"], rows))
+        o.append("")
+        shm = d["rows"].get("shmserve", {})
+        for stat, limit in TARGETS[size].items():
+            v = shm.get(stat)
+            o.append(f"- DESIGN.md target {size} {stat} <= {limit:.0f} us: shmserve {f(v)} us, "
+                     f"**{'met' if v is not None and v <= limit else 'not met'}**")
+        o.append(f"- Triton gRPC + system shm p50 / shmserve p50: "
+                 f"**{f(d['triton_over_shmserve_p50'], 1)}x**")
+        o.append("")
+    o += ["### Where the time goes (shmserve, 1 caller, median over repeats of each stage's "
+          "percentile, us; stage percentiles do not add up)", ""]
+    stages = [label for label, *_ in S.STAGES if any(label in s["stages"][z] for z in IDENTITY)]
+    rows = [[st] + [f(s["stages"][z].get(st, {}).get(k)) for z in IDENTITY for k in ("p50", "p99")]
+            for st in stages]
+    o.append(report.markdown_table(["stage"] + [f"{z} {k}" for z in IDENTITY for k in ("p50", "p99")],
+                                   rows))
+    o += ["", "## MLP throughput (FP32 [1,256] per request, dynamic batching)", "",
+          "Callers = requests in flight (closed loop; 8 and 32 from 2 client processes). "
+          "Bare onnxruntime: the same model.onnx, intra_op 1, timed on the batch sizes the "
+          "server formed in that level (its batch histogram), run right after it.", ""]
+    rows = []
+    for c, r in s["mlp"].items():
+        a, b = r.get("shmserve", {}), r.get("Triton grpc", {})
+        rows.append([c, f(a.get("throughput"), 0), f(a.get("p50"), 0), f(a.get("p99"), 0),
+                     f(r["mean_batch"], 1), f(r["ceiling"], 0),
+                     f(None if r["shm_over_ceiling"] is None else 100 * r["shm_over_ceiling"], 0),
+                     f(b.get("throughput"), 0), f(b.get("p50"), 0), f(b.get("p99"), 0),
+                     f(r["shm_over_triton"], 2),
+                     f"{f(a.get('client_cpu'), 0)} / {f(b.get('client_cpu'), 0)}",
+                     f"{f(a.get('server_us'), 0)} / {f(b.get('server_us'), 0)}",
+                     f"{a.get('errors', '-')} / {b.get('errors', '-')}"])
+    o.append(report.markdown_table(
+        ["callers", "shmserve infer/s", "p50 us", "p99 us", "mean batch", "bare ORT infer/s",
+         "shmserve % of ORT", "Triton infer/s", "Triton p50 us", "Triton p99 us",
+         "shmserve / Triton", "client CPU % (shm / Triton)", "server CPU us/req (shm / Triton)",
+         "errors (shm / Triton)"], rows))
+    r32 = s["mlp"].get(32, {})
+    o += ["", f"- DESIGN.md target, 32 callers: >= 3x Triton: **{f(r32.get('shm_over_triton'), 2)}x** "
+          f"({'met' if (r32.get('shm_over_triton') or 0) >= 3 else 'not met'}); >= 90 % of bare "
+          f"onnxruntime at the same batch sizes: **{f(100 * r32['shm_over_ceiling'] if r32.get('shm_over_ceiling') else None, 0)} %** "
+          f"({'met' if (r32.get('shm_over_ceiling') or 0) >= 0.9 else 'not met'})", ""]
+    o += ["## References (same run, us)", ""]
+    rows = [[k, f(v["p50"]), f(v["p99"])] for k, v in res["references"].items()]
+    o.append(report.markdown_table(["what", "p50", "p99"], rows))
+    o += ["", "## Plots", ""]
+    for p in res["plots"]:
+        o.append(f"![{Path(p).stem}](plots/{Path(p).name})")
+    o += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]] + [
+        f"- raw figures of every repeat: {res['json']} (not committed)", ""]
+    return "\n".join(o)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--window-ms", type=int, default=1000)
+    p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--max-trials", type=int, default=5)
+    p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    p.add_argument("--triton", dest="triton", action="store_true", default=None)
+    p.add_argument("--no-triton", dest="triton", action="store_false")
+    p.add_argument("--results", type=Path, default=BENCH / "RESULTS.md")
+    p.add_argument("-v", "--verbose", action="store_true", help="every window")
+    args = p.parse_args(argv)
+    if args.triton is None:
+        args.triton = L.PEERS_PY.exists()
+    started = dt.datetime.now(dt.timezone.utc)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    out = BENCH / "out"
+    out.mkdir(exist_ok=True)
+    plots = BENCH / "plots"
+    plots.mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    L.ensure_models(args.model_repository)
+    res = {"started_utc": started.strftime("%Y-%m-%d %H:%M UTC"),
+           "command": shlex.join(["python", "bench/run_all.py", *(argv or sys.argv[1:])]),
+           "machine": report.machine(), "load_before": L.background_load(),
+           "commit": L.machine_info()["shmserve_commit"], "notes": [],
+           "args": {k: str(v) for k, v in vars(args).items()}}
+    if not args.triton:
+        res["notes"].append("Triton not run (no /tmp/peers-venv, or --no-triton)")
+    reps, refs = [], []
+    for i in range(args.repeats):
+        say(f"repeat {i + 1}/{args.repeats}: references")
+        ref_args = argparse.Namespace(pingpong_iters=5000, copy_iters=1000, client_spin_us=100)
+        refs.append(L.references(ref_args))
+        say(f"repeat {i + 1}/{args.repeats}: shmserve")
+        shm = shmserve_repeat(args, out / f"run_all-{stamp}.server.log")
+        tri = {"identity": {}, "notes": []}
+        if args.triton:
+            say(f"repeat {i + 1}/{args.repeats}: Triton")
+            tri = triton_repeat(args)
+        res["notes"] += [f"repeat {i + 1}: {n}" for n in shm["notes"] + tri["notes"]]
+        for tr in [*shm["identity"].values(), shm.get("mlp"), *tri["identity"].values(), tri.get("mlp")]:
+            if tr is not None and tr.error:
+                res["notes"].append(f"repeat {i + 1}: {tr.label}: {tr.error}")
+        reps.append({"shm": shm, "triton": tri})
+    res["references"] = {k: {"p50": med([r[k]["p50"] for r in refs]),
+                             "p99": med([r[k]["p99"] for r in refs])} for k in refs[0]}
+    s = summarize(reps)
+    last = reps[-1]
+    ident = [last["shm"]["identity"][z] for z in IDENTITY] + \
+        [last["triton"]["identity"][k] for k in last["triton"]["identity"] if k.endswith("grpc+shm")]
+    mlp = [t for t in (last["shm"].get("mlp"), last["triton"].get("mlp")) if t is not None]
+    res["plots"] = [
+        str(PL.latency_cdf(ident, plots / "identity_latency_cdf.png",
+                           "identity round trip, 1 caller (last repeat)")),
+        str(PL.latency_vs_throughput(mlp, plots / "mlp_latency_vs_throughput.png",
+                                     "mlp: latency vs throughput at 1/8/32 callers")),
+        str(PL.latency_cdf(mlp, plots / "mlp_latency_cdf.png", "mlp latency CDF (last repeat)")),
+    ]
+    res["load_after"] = L.background_load()
+    res["wall_s"] = time.monotonic() - t0
+    res["repeats"] = args.repeats
+    res["json"] = f"bench/out/run_all-{stamp}.json"
+    raw = [{"shm": {"identity": {k: v.to_dict() for k, v in r["shm"]["identity"].items()},
+                    "mlp": r["shm"]["mlp"].to_dict() if r["shm"].get("mlp") else None,
+                    "ceiling": r["shm"].get("ceiling")},
+            "triton": {"identity": {k: v.to_dict() for k, v in r["triton"]["identity"].items()},
+                       "mlp": r["triton"]["mlp"].to_dict() if r["triton"].get("mlp") else None}}
+           for r in reps]
+    (ROOT / res["json"]).write_text(json.dumps({"summary": s, "run": {k: v for k, v in res.items()},
+                                                "repeats": raw}, indent=1, default=report._default))
+    text = render(res, s)
+    args.results.write_text(text)
+    print(text)
+    say(f"wrote {args.results} and {res['json']} in {res['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
