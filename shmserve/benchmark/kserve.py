@@ -22,7 +22,7 @@ def _module(proto: str):
             import tritonclient.grpc as m
         else:
             import tritonclient.http as m
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:  # tritonclient raises RuntimeError for a missing extra
         extra = "grpc" if proto == "grpc" else "http"
         raise RuntimeError(f"{proto}:// targets need tritonclient[{extra}] "
                            f"(pip install 'tritonclient[{extra}]'): {e}") from None
