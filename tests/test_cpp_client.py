@@ -149,3 +149,13 @@ def test_cpp_client_sees_server_shutdown_as_an_error(cpp_build, server_factory):
             proc.wait()
     assert proc.returncode == 0, f"{out}\n{err}"
     assert "shutdown: 0 failures" in out
+
+
+def test_installed_client_is_found_by_find_package(cpp_build, tmp_path):
+    prefix, build = tmp_path / "prefix", tmp_path / "consumer"
+    _run(["cmake", "--install", cpp_build, "--prefix", prefix])
+    assert (prefix / "include" / "shmserve.h").exists()
+    _run(["cmake", "-S", CPP / "tests" / "consumer", "-B", build, f"-DCMAKE_PREFIX_PATH={prefix}",
+          "-DCMAKE_CXX_FLAGS=-O0"])
+    _run(["cmake", "--build", build])
+    assert "FP32 is 4 bytes" in _run([build / "consumer"]).stdout

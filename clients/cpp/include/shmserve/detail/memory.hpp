@@ -1,0 +1,124 @@
+// shmserve C++ client, internal: arena allocator, blocks, calls, mappings.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <map>
+#include <mutex>
+
+#include "shmserve/wire.hpp"
+
+namespace shmserve {
+namespace detail {
+
+constexpr int64_t kWaitSliceNs = 50'000'000;  // between liveness checks of the server
+inline uint64_t align64(uint64_t n) { return (std::max<uint64_t>(n, 1) + 63) / 64 * 64; }
+
+/// First-fit allocator over the arena's data region (offsets multiple of 64).
+class Allocator {
+ public:
+  void reset(uint64_t begin, uint64_t end) {
+    std::lock_guard<std::mutex> g(mu_);
+    free_.clear();
+    free_[begin] = end - begin;
+    capacity_ = end - begin;
+  }
+  bool alloc(uint64_t n, uint64_t *offset) {
+    n = align64(n);
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < n) continue;
+      *offset = it->first;
+      uint64_t rest = it->second - n;
+      free_.erase(it);
+      if (rest) free_[*offset + n] = rest;
+      used_ += n;
+      return true;
+    }
+    return false;
+  }
+  void free(uint64_t offset, uint64_t n) {
+    n = align64(n);
+    std::lock_guard<std::mutex> g(mu_);
+    used_ -= n;
+    auto it = free_.emplace(offset, n).first;
+    auto next = std::next(it);
+    if (next != free_.end() && it->first + it->second == next->first) {
+      it->second += next->second;
+      free_.erase(next);
+    }
+    if (it != free_.begin()) {
+      auto prev = std::prev(it);
+      if (prev->first + prev->second == it->first) {
+        prev->second += it->second;
+        free_.erase(it);
+      }
+    }
+  }
+  uint64_t used() {
+    std::lock_guard<std::mutex> g(mu_);
+    return used_;
+  }
+  uint64_t capacity() const { return capacity_; }
+
+ private:
+  std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_;
+  uint64_t used_ = 0, capacity_ = 0;
+};
+
+class Impl;
+
+/// One allocation in the arena; freed when the last owner drops it. Keeps the
+/// mapping (Impl) alive.
+struct Block {
+  std::shared_ptr<Impl> impl;
+  uint64_t offset = 0, nbytes = 0;
+  Block(std::shared_ptr<Impl> i, uint64_t o, uint64_t n) : impl(std::move(i)), offset(o), nbytes(n) {}
+  ~Block();
+};
+
+/// One request from submit to answer. Fields after `slot` are guarded by Impl::mu.
+struct Call {
+  std::shared_ptr<const ModelInfo> model;
+  std::vector<shms_tensor_ref> in_refs, out_refs;
+  std::vector<std::shared_ptr<Block>> keep;  // input memory (copies, zero-copy tensors)
+  std::shared_ptr<Block> out_block;          // output buffers
+  uint64_t in_bytes = 0, rows = 1;
+  uint32_t slot = 0, generation = 0;
+  bool retried = false, done = false, orphaned = false;
+  int32_t status = -1;
+  std::string error;
+  std::vector<shms_tensor_ref> results;
+  std::array<uint64_t, SHMS_T_COUNT> t_ns{};
+};
+
+struct Mapping {
+  void *base = MAP_FAILED;
+  size_t size = 0;
+  ~Mapping() {
+    if (base != MAP_FAILED) munmap(base, size);
+  }
+  void map(const std::string &name, uint64_t want) {
+    int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) throw ServerDeadError("cannot open segment " + name + ": " + std::strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (want && static_cast<uint64_t>(st.st_size) < want)) {
+      ::close(fd);
+      throw ProtocolError("segment " + name + " is smaller than announced");
+    }
+    size = want ? want : static_cast<size_t>(st.st_size);
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) throw ServerDeadError("cannot map segment " + name + ": " + std::strerror(e));
+  }
+};
+
+}  // namespace detail
+
+}  // namespace shmserve

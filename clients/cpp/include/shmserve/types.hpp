@@ -1,0 +1,105 @@
+// shmserve C++ client: options, tensors in the arena, inputs, outputs, results.
+#pragma once
+
+#include "shmserve/detail/memory.hpp"
+
+namespace shmserve {
+
+namespace detail {
+class Impl;
+}
+
+struct Options {
+  std::string name = "default";  // the server's --name
+  std::string socket_path;       // explicit control socket path (default: from name)
+  uint64_t arena_bytes = 0;      // tensor data region wanted; 0 = server default (32 MiB)
+  int64_t spin_us = 100;         // a waiter spins at least this long before it sleeps
+  int64_t max_spin_us = 1000;    // ... and up to this long when answers usually take that long
+};
+
+
+/// A buffer of the caller's shared arena: fill it, pass it as an Input (zero-copy).
+class Tensor {
+ public:
+  Tensor() = default;
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t> &shape() const { return shape_; }
+  uint64_t nbytes() const { return nbytes_; }
+  void *data() const;
+  template <class T> T *data() const { return static_cast<T *>(data()); }
+  uint64_t arena_offset() const { return block_ ? block_->offset : 0; }
+  explicit operator bool() const { return static_cast<bool>(block_); }
+
+ private:
+  friend class Client;
+  friend struct Input;
+  std::shared_ptr<detail::Block> block_;
+  DType dtype_ = DType::INVALID;
+  std::vector<int64_t> shape_;
+  uint64_t nbytes_ = 0;
+};
+
+/// One input by name: either a Tensor of the arena (zero-copy) or caller memory,
+/// copied into the arena at submit (the caller may reuse it once submit returns).
+struct Input {
+  std::string name;
+  DType dtype = DType::INVALID;
+  std::vector<int64_t> shape;
+  const void *data = nullptr;
+  uint64_t nbytes = 0;
+  std::shared_ptr<detail::Block> block;  // set: zero-copy
+
+  Input(std::string n, const Tensor &t)
+      : name(std::move(n)), dtype(t.dtype_), shape(t.shape_), nbytes(t.nbytes_), block(t.block_) {}
+  Input(std::string n, DType t, std::vector<int64_t> s, const void *d, uint64_t bytes)
+      : name(std::move(n)), dtype(t), shape(std::move(s)), data(d), nbytes(bytes) {}
+  template <class T>
+  Input(std::string n, std::vector<int64_t> s, const std::vector<T> &v)
+      : name(std::move(n)), dtype(dtype_of<T>()), shape(std::move(s)), data(v.data()),
+        nbytes(v.size() * sizeof(T)) {}
+};
+
+/// One output: a read-only view of shared memory, valid while its Result lives.
+struct Output {
+  std::string name;
+  uint32_t index = 0;
+  DType dtype = DType::INVALID;
+  std::vector<int64_t> shape;
+  const void *data = nullptr;
+  uint64_t nbytes = 0;
+  template <class T> const T *as() const { return static_cast<const T *>(data); }
+  std::string_view bytes() const { return {static_cast<const char *>(data), nbytes}; }
+  std::vector<std::string> strings() const {  // BYTES outputs
+    return decode_bytes(data, nbytes, element_count(shape));
+  }
+};
+
+class Result {
+ public:
+  Result() = default;
+  const std::vector<Output> &outputs() const { return outputs_; }
+  const Output &operator[](std::string_view name) const {
+    for (const auto &o : outputs_) if (o.name == name) return o;
+    throw InvalidArgumentError("result has no output '" + std::string(name) + "'");
+  }
+  size_t size() const { return outputs_.size(); }
+  const std::string &model_name() const { return model_; }
+  int64_t model_version() const { return version_; }
+  /// CLOCK_MONOTONIC stamps of shms_timestamp (CLIENT_WAKE set by this client).
+  const std::array<uint64_t, SHMS_T_COUNT> &timestamps_ns() const { return t_ns_; }
+  /// Returns the output memory to the arena now (if no copy of this Result holds it).
+  void release() {
+    outputs_.clear();
+    block_.reset();
+  }
+
+ private:
+  friend class detail::Impl;
+  std::vector<Output> outputs_;
+  std::shared_ptr<detail::Block> block_;
+  std::string model_;
+  int64_t version_ = 0;
+  std::array<uint64_t, SHMS_T_COUNT> t_ns_{};
+};
+
+}  // namespace shmserve
