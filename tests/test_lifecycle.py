@@ -315,11 +315,11 @@ class TritonPythonModel:
         return {"OUTPUT0": inputs["INPUT0"]}
 """)
 
-    server = server_factory(models=("identity",), setup=setup, args=["--load-timeout", "2"])
+    server = server_factory(models=("identity",), setup=setup, args=["--load-timeout", "6"])
     with server.client() as c:
         states = {m["name"]: m["state"] for m in c.models()}
         assert states["identity"] == "READY"
-        assert "did not load within 2 s" in states["hangs"], states
+        assert "did not load within 6 s" in states["hangs"], states
         with pytest.raises(errors.UnavailableError, match="'hangs'"):
             c.infer("hangs", [np.ones((1, 2), np.float32)], timeout=10)
         x = np.ones((1, 4), np.float32)
