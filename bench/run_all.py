@@ -24,7 +24,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -114,6 +117,30 @@ def ort_ceiling(model_path: Path, histogram: dict, budget_s: float = 3.0) -> dic
             "mean_batch": items / max(1, sum(histogram.values()))}
 
 
+def build_cpp_latency() -> Path | None:
+    """Builds clients/cpp's shmserve_latency once into bench/out/cpp-build; None when
+    cmake, g++ or the msgpack headers are missing (README, "C++ client")."""
+    build = BENCH / "out" / "cpp-build"
+    exe = build / "shmserve_latency"
+    if shutil.which("cmake") is None or shutil.which("g++") is None:
+        return None
+    for cmd in (["cmake", "-S", str(ROOT / "clients" / "cpp"), "-B", str(build),
+                 "-DCMAKE_BUILD_TYPE=Release"],
+                ["cmake", "--build", str(build), "--target", "shmserve_latency", "-j2"]):
+        if subprocess.run(cmd, capture_output=True, timeout=600).returncode:
+            return None
+    return exe if exe.exists() else None
+
+
+def cpp_latency(exe: Path, server, requests: int, zero_copy: bool) -> dict | None:
+    """identity 4 KiB, 1 caller, through the C++ client against the same server."""
+    cmd = [str(exe), "--name", server.name, "--requests", str(requests)]
+    r = subprocess.run(cmd + (["--zero-copy"] if zero_copy else []), capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, SHMSERVE_RUNTIME_DIR=str(server.runtime)))
+    m = re.search(r"p50 ([\d.]+) us\s+p90 ([\d.]+) us\s+p99 ([\d.]+) us", r.stdout)
+    return {"p50": float(m[1]), "p90": float(m[2]), "p99": float(m[3])} if m else None
+
+
 def shmserve_repeat(args, out_log: Path) -> dict:
     server = L.ShmServer(args.model_repository, out_log, None)
     res = {"identity": {}, "notes": []}
@@ -123,6 +150,13 @@ def shmserve_repeat(args, out_log: Path) -> dict:
         for size in IDENTITY:
             say(f"  shmserve identity {size} ...")
             res["identity"][size] = run_identity(args, url, size, "shmserve")
+        exe = build_cpp_latency()
+        if exe is None:
+            res["notes"].append("C++ client not measured: cmake, g++ or libmsgpack-cxx-dev missing")
+        else:
+            say("  C++ client identity 4KiB ...")
+            res["cpp"] = {mode: cpp_latency(exe, server, 20000, mode == "zero-copy input")
+                          for mode in ("copied input", "zero-copy input")}
         say("  shmserve mlp 1/8/32 + bare onnxruntime ...")
         res["mlp"] = run_mlp(args, url, "shmserve")
         res["ceiling"] = {}
@@ -211,6 +245,12 @@ def summarize(reps: list[dict]) -> dict:
                 stage_rows.setdefault(b["stage"], []).append(b)
         out["stages"][size] = {s: {k: med([b[k] for b in bs]) for k in ("p50", "p90", "p99")}
                                for s, bs in stage_rows.items()}
+    out["cpp"] = {}
+    for mode in ("copied input", "zero-copy input"):
+        runs = [r["shm"].get("cpp", {}).get(mode) for r in reps]
+        runs = [x for x in runs if x]
+        if runs:
+            out["cpp"][mode] = {k: med([x[k] for x in runs]) for k in ("p50", "p90", "p99")}
     for callers in MLP_CALLERS:
         row, shm_ceil, shm_tri = {}, [], []
         shm = [lvl(r["shm"].get("mlp"), callers) for r in reps]
@@ -280,6 +320,15 @@ def render(res: dict, s: dict) -> str:
         o.append(f"- Triton gRPC + system shm p50 / shmserve p50: "
                  f"**{f(d['triton_over_shmserve_p50'], 1)}x**")
         o.append("")
+    if s["cpp"]:
+        py = s["identity"].get("4KiB", {}).get("rows", {}).get("shmserve", {})
+        o += ["### C++ client (clients/cpp, identity 4 KiB, 1 caller, same server, us)", ""]
+        rows = [["Python client (above)", f(py.get("p50")), f(py.get("p90")), f(py.get("p99"))]]
+        rows += [[f"C++ client, {mode}", f(v["p50"]), f(v["p90"]), f(v["p99"])]
+                 for mode, v in s["cpp"].items()]
+        o.append(report.markdown_table(["client", "p50", "p90", "p99"], rows))
+        o += ["", "C++ rows: `shmserve_latency --requests 20000` (clients/cpp/examples/latency.cpp), "
+              "timed the same way (call to return); the Python row comes from the harness.", ""]
     o += ["### Where the time goes (shmserve, 1 caller, median over repeats of each stage's "
           "percentile, us; stage percentiles do not add up)", ""]
     stages = [label for label, *_ in S.STAGES if any(label in s["stages"][z] for z in IDENTITY)]

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--spin-us", type=int, default=50,
                    help="microseconds the batcher and workers spin (yielding the CPU) before "
                         "they sleep on a futex; 0 = sleep at once")
-    s.add_argument("--max-spin-us", type=int, default=500,
+    s.add_argument("--max-spin-us", type=int, default=200,
                    help="longest adaptive spin, used while requests arrive that often")
     s.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics (Triton's families) on this port")

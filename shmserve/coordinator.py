@@ -38,7 +38,7 @@ class ServeOptions:
     default_arena_bytes: int = 32 << 20
     max_arena_bytes: int = 1 << 30
     spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
-    max_spin_us: int = 500  # ... and up to this long when requests come that often
+    max_spin_us: int = 200  # ... and up to this long when requests come that often
     load_timeout_s: float = 120.0
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
