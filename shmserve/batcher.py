@@ -192,18 +192,23 @@ class Batcher:
         ctl = self.maps.ctl
         bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
         spin = self.maps.spin
+        states = [self.maps.layout.mailbox(w) + L["mailbox.state"]
+                  for w in range(self.maps.layout.n_workers)]
         while True:
             seen = ctl.load32(bell)
             self.drain_ring()
             deadline = self.dispatch()
             timeout = IDLE_CHECK_NS if deadline is None else max(0, deadline - now_ns())
+            # Spin only while no worker computes: then the next event is a new request
+            # we want to catch at once; under load the CPU is better left to the workers.
+            busy = any(self.maps.srv.load32(off) for off in states)
             # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
             started = now_ns()
-            if ctl.doorbell_wait(bell, sleeping, seen, spin.budget_ns(), timeout):
-                spin.record(now_ns() - started)
+            if ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin.budget_ns(), timeout):
+                if not busy:
+                    spin.record(now_ns() - started)
             elif deadline is None and not self.maps.parent_alive():
                 return
-
 
 
 def main() -> None:
