@@ -35,13 +35,7 @@ def latency_vs_throughput(results, path: Path, title: str = "") -> Path:
     ax.set_xlabel("throughput (infer/s)")
     ax.set_ylabel("latency (us)")
     ax.set_yscale("log")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(title or "latency vs throughput (labels: concurrency or rate)", fontsize=9)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path, title or "latency vs throughput (labels: concurrency or rate)")
 
 
 def latency_cdf(results, path: Path, title: str = "") -> Path:
@@ -57,8 +51,13 @@ def latency_cdf(results, path: Path, title: str = "") -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("latency (us)")
     ax.set_ylabel("fraction of requests")
+    return _save(plt, fig, ax, path, title or "latency CDF")
+
+
+def _save(plt, fig, ax, path: Path, title: str) -> Path:
+    """The finish every chart shares: grid, title, legend, tight layout, PNG."""
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(title or "latency CDF", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
