@@ -11,7 +11,6 @@ import json
 import mmap
 import os
 import secrets
-import signal
 import struct
 from pathlib import Path
 
@@ -258,11 +257,4 @@ def remove_segments(prefix: str) -> list[str]:
         unlink_quietly("/" + entry.name)
         removed.append(entry.name)
     return removed
-
-
-def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 

@@ -328,15 +328,6 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
   return Py_BuildValue("(iNNN)", s->status, msg, results, ts);
 }
 
-/* Reads a shms_request at `off` (e.g. a shadow copy):
- * -> (model_id, inputs [(index, dtype, offset, nbytes, shape)], outputs [...]) */
-static PyObject *m_read_request(Mapping *self, PyObject *arg) {
-  shms_request *r = (shms_request *)at(self, PyLong_AsUnsignedLongLong(arg), sizeof(shms_request), 8);
-  if (!r) return NULL;
-  return Py_BuildValue("(INN)", r->model_id, refs_to_list(r->inputs, r->n_inputs),
-                       refs_to_list(r->outputs, r->n_outputs));
-}
-
 static void finish_slot(shms_slot *s, SHMS_ATOMIC(uint32_t) * completions,
                         SHMS_ATOMIC(uint32_t) * waiters) {
   s->t_ns[SHMS_T_COMPLETE] = shms_now_ns();
@@ -576,7 +567,6 @@ static PyMethodDef mapping_methods[] = {
     {"ring_reclaim", (PyCFunction)m_ring_reclaim, METH_O, "Skip a dead owner's claimed head."},
     {"write_request", (PyCFunction)m_write_request, METH_VARARGS, "Client: fill a slot."},
     {"read_result", (PyCFunction)m_read_result, METH_O, "Client: read a DONE slot."},
-    {"read_request", (PyCFunction)m_read_request, METH_O, "Decode a shms_request."},
     {"take", (PyCFunction)m_take, METH_VARARGS, "Batcher: claim, copy and validate."},
     {"set_running", (PyCFunction)m_set_running, METH_VARARGS, "Worker: QUEUED -> RUNNING."},
     {"complete", (PyCFunction)m_complete, METH_VARARGS, "Server: answer a slot."},
@@ -584,12 +574,8 @@ static PyMethodDef mapping_methods[] = {
     {NULL}};
 
 static PyObject *mapping_size(Mapping *self, void *c) { return PyLong_FromUnsignedLongLong(self->size); }
-static PyObject *mapping_address(Mapping *self, void *c) {
-  return PyLong_FromVoidPtr(self->base);
-}
 static PyGetSetDef mapping_getset[] = {
     {"size", (getter)mapping_size, NULL, "bytes mapped", NULL},
-    {"address", (getter)mapping_address, NULL, "base address (for identifying views)", NULL},
     {NULL}};
 
 static PyTypeObject MappingType = {
