@@ -10,7 +10,7 @@ import dataclasses
 import logging
 
 from ._core import now_ns
-from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, Timestamp
+from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, SlotState, Timestamp
 from .repository import ModelSpec
 from .server_maps import ServerMaps, child_setup
 
@@ -141,6 +141,42 @@ class Batcher:
             return False
         return self.maps.ctl.ring_reclaim(owner)
 
+    # -- 0. after a restart: nothing the previous batcher held is lost -----------
+    def recover(self) -> int:
+        """Takes again every request a previous batcher had claimed but not handed to
+        a worker (QUEUED outside any assigned mailbox), and every SUBMITTED request
+        whose ring entry it had popped. Returns how many. On a first start there are
+        no clients and nothing to do."""
+        layout, srv = self.maps.layout, self.maps.srv
+        assigned = set()
+        for w in range(layout.n_workers):
+            mb = layout.mailbox(w)
+            if srv.load32(mb + L["mailbox.state"]) != 0:
+                n = min(srv.load32(mb + L["mailbox.n"]), MAX_BATCH_REQUESTS)
+                assigned.update(srv.load32(mb + L["mailbox.shadow"] + 4 * i) for i in range(n))
+        in_ring = set(self.maps.ctl.ring_pending())
+        recovered = 0
+        for client_id in range(layout.max_clients):
+            state, lease = self.maps.lease_of(client_id)
+            mapped = self.maps.arena(client_id, lease) if state == ClientState.ALIVE else None
+            if mapped is None:
+                continue
+            arena, alayout = mapped
+            for slot in range(layout.slots_per_client):
+                off = alayout.slot(slot)
+                st = arena.ops.load32(off + L["slot.state"])
+                gen = arena.ops.load32(off + L["slot.generation"])
+                if st == SlotState.QUEUED and layout.shadow_index(client_id, slot) not in assigned:
+                    if not arena.ops.cas32(off + L["slot.state"], SlotState.QUEUED, SlotState.SUBMITTED):
+                        continue
+                elif st != SlotState.SUBMITTED or (client_id, slot, gen) in in_ring:
+                    continue
+                self.take(client_id, slot, gen)
+                recovered += 1
+        if recovered:
+            log.warning("recovered %d request(s) held by the previous batcher", recovered)
+        return recovered
+
     # -- 2. hand batches to idle workers ---------------------------------------
     def dispatch(self) -> int | None:
         """Hands batches to idle workers. Returns the earliest time (ns) at which the
@@ -214,7 +250,9 @@ class Batcher:
 def main() -> None:
     boot = child_setup("batcher")
     logging.basicConfig(level=boot.get("log_level", "INFO"), format="[shmserve batcher] %(message)s")
-    Batcher(boot).serve_forever()
+    batcher = Batcher(boot)
+    batcher.recover()
+    batcher.serve_forever()
 
 
 if __name__ == "__main__":

@@ -324,3 +324,34 @@ class TritonPythonModel:
             c.infer("hangs", [np.ones((1, 2), np.float32)], timeout=10)
         x = np.ones((1, 4), np.float32)
         np.testing.assert_array_equal(c.infer("identity", [x])["OUTPUT0"], x)
+
+
+def _batcher_pid(server) -> int:
+    for pid in helpers.children_of(server.pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"shmserve.batcher" in f.read():
+                return pid
+    raise AssertionError("no batcher process")
+
+
+def test_batcher_crash_loses_no_queued_request(server_factory):
+    """kill -9 of the batcher while it holds a queued request: the coordinator
+    restarts it, the new batcher takes the request again, and every caller gets its
+    own answer (nothing hangs, nothing is answered twice)."""
+    def setup(repo):
+        write_model(repo, "sleeper", python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
+                    SLEEPER_CODE)
+
+    server = server_factory(models=("identity",), setup=setup)
+    c = server.client(arena_bytes=1 << 20)
+    busy = c.submit("sleeper", [np.array([[1.0]], np.float32)])  # the worker sleeps 1 s
+    time.sleep(0.2)
+    queued = c.submit("sleeper", [np.array([[0.0, 7.0]], np.float32)])  # waits in the batcher
+    time.sleep(0.2)
+    old = _batcher_pid(server)
+    os.kill(old, signal.SIGKILL)
+    np.testing.assert_array_equal(busy.result(timeout=20)["OUTPUT0"], [[1.0]])
+    np.testing.assert_array_equal(queued.result(timeout=20)["OUTPUT0"], [[0.0, 7.0]])
+    assert wait_until(lambda: _batcher_pid(server) != old, 10)
+    assert "recovered 1 request" in server.log(), server.log(2000)
+    assert_serving(c)

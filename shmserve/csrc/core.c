@@ -195,6 +195,26 @@ static PyObject *m_ring_reclaim(Mapping *self, PyObject *arg) {
   return PyBool_FromLong(shms_ring_reclaim(ctl, (uint32_t)PyLong_AsUnsignedLong(arg)));
 }
 
+/* ring_pending() -> [(client, slot, generation)] published and not yet consumed
+ * (consumer side, e.g. a restarted batcher deciding what the ring still holds). */
+static PyObject *m_ring_pending(Mapping *self, PyObject *unused) {
+  shms_control *ctl = control_of(self);
+  if (!ctl) return NULL;
+  shms_ring_cell *cells = shms_ring_cells(ctl);
+  const uint64_t cap = ctl->ring_capacity;
+  uint64_t pos = shms_load(&ctl->dequeue_pos, memory_order_acquire);
+  uint64_t end = shms_load(&ctl->enqueue_pos, memory_order_acquire);
+  PyObject *out = PyList_New(0);
+  for (; out && pos != end && end - pos <= cap; pos++) {
+    shms_ring_cell *c = &cells[pos & (cap - 1)];
+    if (shms_load(&c->seq, memory_order_acquire) != pos + 1) continue;
+    PyObject *t = Py_BuildValue("(III)", c->client_id, c->slot, c->generation);
+    if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
+    Py_XDECREF(t);
+  }
+  return out;
+}
+
 /* ---------------------------------------------------------------- requests */
 
 static int parse_shape(PyObject *shape, shms_tensor_ref *t) {
@@ -565,6 +585,7 @@ static PyMethodDef mapping_methods[] = {
     {"ring_push", (PyCFunction)m_ring_push, METH_VARARGS, "Push (client, slot, generation)."},
     {"ring_pop", (PyCFunction)m_ring_pop, METH_NOARGS, "Pop the ring head (consumer only)."},
     {"ring_reclaim", (PyCFunction)m_ring_reclaim, METH_O, "Skip a dead owner's claimed head."},
+    {"ring_pending", (PyCFunction)m_ring_pending, METH_NOARGS, "Published, unconsumed entries."},
     {"write_request", (PyCFunction)m_write_request, METH_VARARGS, "Client: fill a slot."},
     {"read_result", (PyCFunction)m_read_result, METH_O, "Client: read a DONE slot."},
     {"take", (PyCFunction)m_take, METH_VARARGS, "Batcher: claim, copy and validate."},
