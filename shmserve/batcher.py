@@ -10,7 +10,7 @@ import dataclasses
 import logging
 
 from ._core import now_ns
-from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, SlotState, Timestamp
+from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, SlotState, Status, Timestamp
 from .repository import ModelSpec
 from .server_maps import ServerMaps, child_setup
 
@@ -186,12 +186,20 @@ class Batcher:
         deadline = None
         now = now_ns()
         for q in self.models:
-            busy = []
+            if q.queue and not srv.load32(layout.model(q.model_id) + L["model.ready"]):
+                self.fail_queue(q)
+            busy, retired = [], 0
             for w in q.workers:
-                if not q.queue:
-                    break
                 mb = layout.mailbox(w)
-                if srv.load32(mb + L["mailbox.state"]) != 0 or srv.load32(mb + L["mailbox.pid"]) == 0:
+                pid = srv.load32(mb + L["mailbox.pid"])
+                if pid == L["MAILBOX_RETIRED"]:  # its last batch has nobody else to answer it
+                    self.maps.fail_batch(w, q.model_id, f"model '{q.spec.name}': the instance "
+                                         "executing this request crash-looped and was retired")
+                    retired += 1
+                    continue
+                if not q.queue:
+                    continue
+                if srv.load32(mb + L["mailbox.state"]) != 0 or pid == 0:
                     busy.append(mb)
                     continue
                 batch, wait_until = q.next_batch(now)
@@ -199,7 +207,7 @@ class Batcher:
                     deadline = wait_until if deadline is None else min(deadline, wait_until)
                     break
                 self.hand_over(q, w, batch, now)
-            if q.queue and busy and len(busy) == len(q.workers):
+            if q.queue and busy and len(busy) == len(q.workers) - retired:
                 # SYNC POINT: pairs with the worker's store of IDLE then load of
                 # batcher_waiting: either it rings us, or we see it idle here.
                 for mb in busy:
@@ -207,6 +215,17 @@ class Batcher:
                 if any(srv.load32(mb + L["mailbox.state"]) == 0 for mb in busy):
                     deadline = now
         return deadline
+
+    def fail_queue(self, q: ModelQueue) -> None:
+        """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""
+        while q.queue:
+            p = q.queue.popleft()
+            client_id, slot, gen, _, _, _, _ = self.maps.srv.read_shadow(
+                self.maps.layout.shadow_at(p.shadow))
+            p.arena.ops.complete(p.slot_off, gen, int(Status.UNAVAILABLE),
+                                 f"model '{q.spec.name}' is not available (its workers "
+                                 "crash-looped; see `shmserve models`)", [])
+            self.maps.model_add(q.model_id, "request_failure", 1)
 
     def hand_over(self, q: ModelQueue, worker: int, batch: list[Pending], now: int) -> None:
         srv, mb = self.maps.srv, self.maps.layout.mailbox(worker)

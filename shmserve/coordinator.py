@@ -27,6 +27,7 @@ from .segments import (ArenaLayout, Segment, ServerLayout, control_size, init_co
 
 log = logging.getLogger("shmserve.coordinator")
 LEASE_QUARANTINE_S = 5.0  # a dead lease's id is not reused before in-flight work drains
+CRASH_LOOP = (5, 60.0)  # a worker that exits this many times in this many seconds is retired
 
 
 @dataclasses.dataclass
@@ -55,6 +56,8 @@ class Child:
     boot: dict
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    exits: list = dataclasses.field(default_factory=list)  # monotonic times of recent exits
+    retired: bool = False
 
 
 class Coordinator:
@@ -358,11 +361,16 @@ class Coordinator:
         while not stop.is_set():
             for child in self.children:
                 code = child.proc.poll() if child.proc else None
-                if code is None:
+                if code is None or child.retired:
                     continue
                 if child.role == "worker" and not self.model_state.get(
                         child.boot["model_id"], "").startswith("READY"):
                     continue  # never loaded: reported as UNAVAILABLE, not restarted
+                child.exits = [t for t in child.exits if time.monotonic() - t < CRASH_LOOP[1]]
+                child.exits.append(time.monotonic())
+                if child.role == "worker" and len(child.exits) >= CRASH_LOOP[0]:
+                    self.retire(child, code)
+                    continue
                 child.restarts += 1
                 delay = min(0.1 * 2 ** child.restarts, 5.0)
                 log.error("%s (pid %d) exited with code %s; restart %d in %.1fs", child.role,
@@ -377,6 +385,23 @@ class Coordinator:
                 await asyncio.wait_for(stop.wait(), 0.2)
             except asyncio.TimeoutError:
                 pass
+
+    def retire(self, child: Child, code) -> None:
+        """A crash-looping worker is not restarted again. The batcher answers its
+        batch; once no instance of its model is left, the model is UNAVAILABLE."""
+        child.retired, child.proc = True, None
+        model_id = child.boot["model_id"]
+        spec = self.specs[model_id]
+        mb = self.layout.mailbox(child.boot["worker_index"])
+        self.server.ops.store32(mb + L["mailbox.pid"], L["MAILBOX_RETIRED"])
+        log.error("model '%s' instance %d exited %d times in %.0f s (last exit code %s): retired",
+                  spec.name, child.boot["worker_index"], CRASH_LOOP[0], CRASH_LOOP[1], code)
+        siblings = [c for c in self.children if c.role == "worker" and c.boot["model_id"] == model_id]
+        if all(c.retired for c in siblings):
+            self.model_state[model_id] = (f"UNAVAILABLE: its worker crashed {CRASH_LOOP[0]} times "
+                                          f"in {CRASH_LOOP[1]:.0f} s (last exit code {code})")
+            self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], 0)
+        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
 
     def shutdown(self) -> None:
         """Stops children, answers nobody (callers see STOPPED), removes every segment."""

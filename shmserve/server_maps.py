@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import _core
-from .protocol import LAYOUT, NAME_BYTES, ClientState
+from .protocol import LAYOUT, NAME_BYTES, ClientState, Status
 from .segments import ArenaLayout, Segment, ServerLayout
 from .waiting import AdaptiveSpin
 
@@ -62,6 +62,26 @@ class ServerMaps:
     def _drop(self, client_id: int) -> None:
         _, seg, _ = self._arenas.pop(client_id)
         seg.close()
+
+    def fail_batch(self, worker: int, model_id: int, message: str) -> int:
+        """Answers every request in an ASSIGNED mailbox whose worker died with it
+        (UNAVAILABLE), and sets the mailbox IDLE. Returns how many were answered."""
+        srv, mb = self.srv, self.layout.mailbox(worker)
+        if srv.load32(mb + L["mailbox.state"]) == 0:
+            return 0
+        n = min(srv.load32(mb + L["mailbox.n"]), L["MAX_BATCH_REQUESTS"])
+        answered = 0
+        for i in range(n):
+            shadow = self.layout.shadow_at(srv.load32(mb + L["mailbox.shadow"] + 4 * i))
+            client_id, slot, generation, lease, _, _, _ = srv.read_shadow(shadow)
+            mapped = self.arena(client_id, lease)
+            if mapped is not None:
+                arena, layout = mapped
+                answered += arena.ops.complete(layout.slot(slot), generation,
+                                               int(Status.UNAVAILABLE), message, [])
+        self.model_add(model_id, "request_failure", answered)
+        srv.store32(mb + L["mailbox.state"], 0)
+        return answered
 
     def ring_batcher(self) -> None:
         self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])

@@ -67,21 +67,9 @@ class Worker:
     def answer_orphaned_batch(self) -> None:
         """A predecessor that died mid-batch left its mailbox ASSIGNED: those callers
         get an error now rather than never."""
-        srv = self.maps.srv
-        if srv.load32(self.mailbox + L["mailbox.state"]) == 0:
-            return
-        n = min(srv.load32(self.mailbox + L["mailbox.n"]), L["MAX_BATCH_REQUESTS"])
-        base = self.mailbox + L["mailbox.shadow"]
-        for index in (srv.load32(base + 4 * i) for i in range(n)):
-            req = Request(self.maps, index)
-            mapped = self.maps.arena(req.client_id, req.lease)
-            if mapped is not None:
-                arena, layout = mapped
-                arena.ops.complete(layout.slot(req.slot), req.generation, int(Status.UNAVAILABLE),
-                                   f"model '{self.spec.name}': the worker executing this request "
-                                   "died; it was restarted", [])
-        self.maps.model_add(self.model_id, "request_failure", n)
-        srv.store32(self.mailbox + L["mailbox.state"], 0)
+        self.maps.fail_batch(self.index, self.model_id,
+                             f"model '{self.spec.name}': the worker executing this request "
+                             "died; it was restarted")
 
     # -- 2. serve -------------------------------------------------------------
     def serve_forever(self) -> None:

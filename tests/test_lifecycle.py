@@ -355,3 +355,42 @@ def test_batcher_crash_loses_no_queued_request(server_factory):
     assert wait_until(lambda: _batcher_pid(server) != old, 10)
     assert "recovered 1 request" in server.log(), server.log(2000)
     assert_serving(c)
+
+
+CRASH_LOOP_CODE = '''
+import os
+from pathlib import Path
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marker = Path(__file__).with_name("loaded-once")
+        if marker.exists():  # every restart dies while loading
+            os._exit(1)
+        marker.write_text("")
+
+    def execute(self, inputs):
+        os._exit(1)
+'''
+
+
+def test_crash_looping_model_becomes_unavailable(server_factory):
+    """A worker that keeps dying is retired after 5 exits in 60 s: the request it
+    held is answered, the model turns UNAVAILABLE with the reason, later requests are
+    refused at once, and the other models never notice."""
+    def setup(repo):
+        write_model(repo, "crashloop", python_config("crashloop", "FP32", (-1,)), CRASH_LOOP_CODE)
+
+    server = server_factory(models=("identity",), setup=setup)
+    c = server.client(arena_bytes=1 << 20)
+    with pytest.raises(errors.UnavailableError, match="'crashloop'"):
+        c.infer("crashloop", [np.ones((1, 2), np.float32)], timeout=60)
+
+    def state():
+        return {m["name"]: m["state"] for m in c.models()}["crashloop"]
+
+    assert wait_until(lambda: "crashed 5 times" in state(), 30), state()
+    with pytest.raises(errors.UnavailableError, match="'crashloop'"):
+        c.infer("crashloop", [np.ones((1, 2), np.float32)], timeout=10)
+    assert "retired" in server.log(), server.log(2000)
+    assert_serving(c)

@@ -651,6 +651,7 @@ static PyObject *f_layout(PyObject *m, PyObject *unused) {
   ADD(d, "MAX_BATCH_REQUESTS", SHMS_MAX_BATCH_REQUESTS);
   ADD(d, "DATA_ALIGN", SHMS_DATA_ALIGN);
   ADD(d, "BATCH_HIST", SHMS_BATCH_HIST);
+  ADD(d, "MAILBOX_RETIRED", SHMS_MAILBOX_RETIRED);
   ADD(d, "tensor_ref.size", sizeof(shms_tensor_ref));
   ADD(d, "request.size", sizeof(shms_request));
   ADD(d, "ring_cell.size", sizeof(shms_ring_cell));

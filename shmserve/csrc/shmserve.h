@@ -289,6 +289,8 @@ typedef struct shms_shadow {
 } shms_shadow;
 
 enum shms_mailbox_state { SHMS_MAILBOX_IDLE = 0, SHMS_MAILBOX_ASSIGNED = 1 };
+/* shms_mailbox.pid of an instance the coordinator retired (it crash-looped). */
+#define SHMS_MAILBOX_RETIRED 0xFFFFFFFFu
 
 /* The batcher hands one batch at a time to each worker through its mailbox. */
 typedef struct shms_mailbox {
