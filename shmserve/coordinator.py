@@ -358,29 +358,31 @@ class Coordinator:
 
     # -- 4. supervision and shutdown -------------------------------------------------
     async def supervise(self, stop: asyncio.Event) -> None:
+        """Restarts children that exit, with a backoff that grows with their recent
+        exits; each restart is its own timer, so one waiting restart delays no other."""
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             for child in self.children:
                 code = child.proc.poll() if child.proc else None
                 if code is None or child.retired:
-                    continue
+                    continue  # running, retired, or a restart already scheduled
                 if child.role == "worker" and not self.model_state.get(
                         child.boot["model_id"], "").startswith("READY"):
                     continue  # never loaded: reported as UNAVAILABLE, not restarted
-                child.exits = [t for t in child.exits if time.monotonic() - t < CRASH_LOOP[1]]
-                child.exits.append(time.monotonic())
+                now = time.monotonic()
+                child.exits = [t for t in child.exits if now - t < CRASH_LOOP[1]] + [now]
                 if child.role == "worker" and len(child.exits) >= CRASH_LOOP[0]:
                     self.retire(child, code)
                     continue
                 child.restarts += 1
-                delay = min(0.1 * 2 ** child.restarts, 5.0)
+                delay = min(0.1 * 2 ** len(child.exits), 5.0)
                 log.error("%s (pid %d) exited with code %s; restart %d in %.1fs", child.role,
                           child.proc.pid, code, child.restarts, delay)
                 if child.role == "worker":  # no dispatch to it until the new one loaded
                     mb = self.layout.mailbox(child.boot["worker_index"])
                     self.server.ops.store32(mb + L["mailbox.pid"], 0)
                 child.proc = None
-                await asyncio.sleep(delay)
-                self.spawn(child)
+                loop.call_later(delay, lambda c=child: stop.is_set() or self.spawn(c))
             try:
                 await asyncio.wait_for(stop.wait(), 0.2)
             except asyncio.TimeoutError:

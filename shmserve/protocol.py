@@ -6,6 +6,7 @@ from the compiled extension, never written by hand. docs/protocol.md is the pros
 from __future__ import annotations
 
 import enum
+import math
 import socket
 import struct
 
@@ -127,7 +128,10 @@ def encode_bytes(array: np.ndarray) -> bytes:
 def decode_bytes(buf, shape) -> np.ndarray:
     """Parses a BYTES buffer; raises ValueError on any length that runs past it."""
     mv = memoryview(buf)
-    count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    count = math.prod(int(d) for d in shape)
+    if count < 0 or 4 * count > len(mv):  # every element needs its 4-byte length
+        raise ValueError(f"BYTES tensor of shape {list(shape)} needs at least {4 * count} "
+                         f"bytes, has {len(mv)}")
     out = np.empty(count, dtype=object)
     pos, end = 0, len(mv)
     for i in range(count):

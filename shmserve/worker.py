@@ -156,7 +156,7 @@ class Worker:
                     if dtype == BYTES:
                         ref = (index, dtype, decode_bytes(buf[offset:offset + nbytes], shape), 0, shape)
                     parsed.append(ref)
-            except ValueError as e:
+            except (ValueError, MemoryError) as e:  # malformed: this request alone fails
                 name = self.spec.inputs[index].name
                 req.arena.ops.complete(req.slot_off, req.generation, int(Status.INVALID_ARG),
                                        _clip(f"model '{self.spec.name}' input '{name}': {e}"), [])

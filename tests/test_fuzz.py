@@ -35,11 +35,6 @@ ELEM = {code: (0 if name == "BYTES" else P._NUMPY[name].itemsize)
 ELEM[P.DTYPE_CODES["BF16"]] = 2
 U32, U64 = 2**32 - 1, 2**64 - 1
 I64_MIN, I64_MAX = -2**63, 2**63 - 1
-# Above this many BYTES elements the worker's decode_bytes allocates an object array
-# of that size before parsing: seconds of page faults at 2**26, MemoryError (and a
-# dead worker) past the machine's memory. That bug has its own xfail test below; the
-# fuzzer keeps BYTES element counts under the limit so that it stays a regression test.
-BYTES_ELEMENTS_LIMIT = 1 << 16
 
 
 def with_bytes_model(repo):
@@ -138,12 +133,6 @@ def fuzz_requests(draw, raw: RawLease):
             else:
                 field = ["index", "dtype", "ndim", "offset", "nbytes"].index(what)
                 t[field] = draw({0: _u32(), 1: _u32(), 2: _u32(), 3: offsets, 4: sizes}[field])
-    # See BYTES_ELEMENTS_LIMIT: keep BYTES element counts small (known bug, own test).
-    for t in inputs:
-        if t[1] == BYTES:
-            # whatever ndim says, no product of the non-negative dims may be large
-            if int(np.prod([max(int(x), 1) for x in t[5]], dtype=object)) > BYTES_ELEMENTS_LIMIT:
-                t[5] = [min(int(x), 16) for x in t[5]]
     identity = (meta["name"] == "identity" and model_id == meta["id"])
     return (model_id, n_inputs, n_outputs, [tuple(t) for t in inputs],
             [tuple(t) for t in outputs], payloads, identity)
@@ -228,13 +217,6 @@ def test_fuzzed_descriptors_are_answered_once_and_harm_nobody(server_factory):
         raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a BYTES input whose shape has a huge element count "
-                   "(e.g. [1, 2**44], 8 bytes of data) passes validation (shms_tensor_bytes returns "
-                   "UINT64_MAX for BYTES before any overflow check, shmserve.h:537), and the worker's "
-                   "decode_bytes (protocol.py:131) allocates np.empty(count, object) before parsing: "
-                   "MemoryError, which decode_bytes_inputs (worker.py:159) does not catch, so the worker "
-                   "process dies and is restarted (5 such requests in 60 s retire the model for "
-                   "everyone); smaller counts (2**31) stall the worker ~50 s in page faults")
 def test_bytes_input_with_huge_element_count_is_refused(server_factory):
     server = server_factory(models=("identity",), setup=with_bytes_model)
     victim = server.client(arena_bytes=1 << 20)
@@ -273,10 +255,6 @@ def test_decode_bytes_raises_only_value_error(buf, shape):
     assert P.encode_bytes(out) == buf  # what parses re-encodes to the same bytes
 
 
-@pytest.mark.xfail(strict=True, raises=MemoryError, reason="BUG: decode_bytes (protocol.py:131) "
-                   "allocates an object array of product(shape) elements before reading a single "
-                   "length, so a huge shape raises MemoryError (or stalls for seconds) instead of "
-                   "ValueError; see test_bytes_input_with_huge_element_count_is_refused")
 @settings(phases=[Phase.explicit], database=None)  # random huge shapes can stall for minutes
 @example(buf=b"\x00\x00\x00\x00", shape=[1, 2**44])
 @example(buf=b"", shape=[2**45])

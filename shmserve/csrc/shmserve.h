@@ -530,14 +530,14 @@ static inline void shms_copy_name(char *dst, size_t dst_bytes, const char *src,
   dst[n] = 0;
 }
 
-/* Bytes a tensor of this dtype and shape occupies; BYTES has no fixed size and
- * returns UINT64_MAX. Returns UINT64_MAX-1 on overflow. */
+/* Bytes a tensor of this dtype and (non-negative) shape needs: exactly, for the
+ * fixed-size types; at least, for BYTES (4 per element: its length prefix).
+ * UINT64_MAX on overflow. */
 static inline uint64_t shms_tensor_bytes(uint32_t dtype, uint32_t ndim, const int64_t *shape) {
-  uint64_t n = shms_dtype_size(dtype);
-  if (n == 0) return UINT64_MAX;
+  uint64_t n = dtype == SHMS_TYPE_BYTES ? 4 : shms_dtype_size(dtype);
   for (uint32_t i = 0; i < ndim; i++) {
     uint64_t d = (uint64_t)shape[i];
-    if (d != 0 && n > UINT64_MAX / 4 / d) return UINT64_MAX - 1;
+    if (d != 0 && n > UINT64_MAX / d) return UINT64_MAX;
     n *= d;
   }
   return n;
@@ -615,11 +615,12 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
                 "model '%s': input '%s' data [%llu, +%llu) is outside the caller's arena", model,
                 s->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
     uint64_t need = shms_tensor_bytes(t->dtype, t->ndim, t->shape);
-    if (need == UINT64_MAX - 1)
+    if (need == UINT64_MAX)
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' shape overflows", model, s->name);
-    if (need != UINT64_MAX && need != t->nbytes)
-      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' holds %llu bytes, its shape needs %llu",
-                model, s->name, (unsigned long long)t->nbytes, (unsigned long long)need);
+    if (t->dtype == SHMS_TYPE_BYTES ? t->nbytes < need : t->nbytes != need)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' holds %llu bytes, its shape needs %s%llu",
+                model, s->name, (unsigned long long)t->nbytes,
+                t->dtype == SHMS_TYPE_BYTES ? "at least " : "", (unsigned long long)need);
   }
   uint32_t out_seen = 0;
   for (uint32_t i = 0; i < r->n_outputs; i++) {
