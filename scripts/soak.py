@@ -44,38 +44,12 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+from shmserve.proctree import children_of, group_members  # noqa: E402
+
 SHM_DIR = Path("/dev/shm")
 
 
 # ---------------------------------------------------------------- server processes
-
-def stat_fields(pid: int):
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw[raw.rindex(")") + 2:].split()  # state, ppid, pgrp, ...
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            f = stat_fields(int(entry))
-            if f and int(f[1]) == pid and f[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
-
-
-def group_members(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            f = stat_fields(int(entry))
-            if f and int(f[2]) == pgid and f[0] != "Z":
-                out.append(int(entry))
-    return sorted(out)
-
 
 def role_of(pid: int) -> str:
     try:

@@ -210,37 +210,7 @@ def shm_entries(prefix: str) -> list[str]:
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(base))
 
 
-def _stat_fields(pid: int):
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm may contain spaces: fields after the last ')'
-    rest = raw[raw.rindex(")") + 2:].split()
-    return rest  # rest[0] = state, rest[1] = ppid, rest[2] = pgrp
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        f = _stat_fields(int(entry))
-        if f and int(f[2]) == pgid and f[0] != "Z":
-            out.append(int(entry))
-    return sorted(out)
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        f = _stat_fields(int(entry))
-        if f and int(f[1]) == pid and f[0] != "Z":
-            out.append(int(entry))
-    return sorted(out)
+from shmserve.proctree import children_of, group_members  # noqa: E402,F401
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 
+from .. import proctree
 from .. import protocol as P
 
 NO_STAMPS = (0,) * 8
@@ -103,29 +104,8 @@ class ShmTarget:
 def process_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) of a process and all its descendants, from /proc;
     None if it cannot be read."""
-    tick = os.sysconf("SC_CLK_TCK")
-    parents, total, found = {}, 0, False
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = open(f"/proc/{entry}/stat").read()
-        except OSError:
-            continue
-        rest = raw[raw.rindex(")") + 2:].split()
-        parents[int(entry)] = int(rest[1])
-        stats[int(entry)] = int(rest[11]) + int(rest[12])  # utime, stime
-    wanted = {pid}
-    changed = True
-    while changed:
-        changed = False
-        for p, pp in parents.items():
-            if pp in wanted and p not in wanted:
-                wanted.add(p)
-                changed = True
-    for p in wanted:
-        if p in stats:
-            total += stats[p]
-            found = True
-    return total / tick if found else None
+    table = proctree.processes()
+    if pid not in table:
+        return None
+    ticks = sum(table[p].cpu_ticks for p in proctree.descendants(pid, table) if p in table)
+    return ticks / os.sysconf("SC_CLK_TCK")

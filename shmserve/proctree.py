@@ -1,0 +1,55 @@
+"""The process table from /proc, in one place: the benchmark's server-CPU figure,
+the soak runner and the tests all look at a server's process tree through it."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass(frozen=True)
+class Proc:
+    pid: int
+    state: str  # "R", "S", "Z", ...
+    ppid: int
+    pgrp: int
+    cpu_ticks: int  # utime + stime
+
+
+def processes() -> dict[int, Proc]:
+    """Every process readable now (ones that vanish while we look are skipped)."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        rest = raw[raw.rindex(")") + 2:].split()  # comm may hold spaces: fields after ')'
+        table[int(entry)] = Proc(int(entry), rest[0], int(rest[1]), int(rest[2]),
+                                 int(rest[11]) + int(rest[12]))
+    return table
+
+
+def children_of(pid: int) -> list[int]:
+    """Live (non-zombie) children of a process."""
+    return sorted(p.pid for p in processes().values() if p.ppid == pid and p.state != "Z")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group."""
+    return sorted(p.pid for p in processes().values() if p.pgrp == pgid and p.state != "Z")
+
+
+def descendants(pid: int, table: dict[int, Proc] | None = None) -> set[int]:
+    """A process and everything below it."""
+    table = processes() if table is None else table
+    found, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for p in table.values():
+            if p.ppid == parent and p.pid not in found:
+                found.add(p.pid)
+                frontier.append(p.pid)
+    return found
