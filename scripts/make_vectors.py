@@ -66,13 +66,14 @@ def ring_cell_after_push(capacity: int, pos: int, owner: int, slot: int, generat
     one real push through _core (shms_ring_push). Returns the cell then enqueue_pos."""
     ring_offset = L["control.size"]
     buf = bytearray(ring_offset + capacity * L["ring_cell.size"])
-    struct.pack_into("<QIIII", buf, 0, 0x314C5443534D4853, 1, ring_offset, ring_offset, capacity)
+    struct.pack_into("<QIIII", buf, 0, L["MAGIC_CONTROL"], P.PROTOCOL_VERSION, ring_offset, ring_offset,
+                     capacity)
     for i in range(capacity):
         struct.pack_into("<Q", buf, ring_offset + i * 32, i)
     struct.pack_into("<Q", buf, L["control.enqueue_pos"], pos)
     cell = ring_offset + (pos & (capacity - 1)) * 32
     struct.pack_into("<Q", buf, cell, pos)
-    rc = _core.Mapping(buf).ring_push(owner, slot, generation)
+    rc = P.Ring(_core.Mapping(buf)).push(owner, slot, generation)
     assert rc == P.RingResult.OK, rc
     return bytes(buf[cell:cell + 32]) + bytes(buf[L["control.enqueue_pos"]:L["control.enqueue_pos"] + 8])
 

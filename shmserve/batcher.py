@@ -10,13 +10,16 @@ import dataclasses
 import logging
 
 from ._core import now_ns
-from .protocol import LAYOUT, MAX_BATCH_REQUESTS, ClientState, SlotState, Status, Timestamp
+from .protocol import (LAYOUT, MAX_BATCH_REQUESTS, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
+                       RingConsumer, SlotState, Status, Timestamp)
 from .repository import ModelSpec
 from .server_maps import ServerMaps, child_setup
 
 L = LAYOUT
 log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_NS = 100_000_000  # wake at least this often to notice a dead coordinator
+RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
+SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
 
 
 @dataclasses.dataclass
@@ -83,22 +86,44 @@ class Batcher:
         for model_id, d in enumerate(boot["models"]):
             workers = [w for w, m in enumerate(boot["worker_models"]) if m == model_id]
             self.models.append(ModelQueue(model_id, ModelSpec.from_dict(d), workers))
-        self.stalled_since: dict[int, int] = {}
+        self.ring = RingConsumer(self.maps.ctl, self.maps.srv.load64(L["server.ring_pos"]))
+        self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
+        self.suspects: dict[int, int] = {}  # client id -> lease that stalled the ring once
+        self.sweep_at = now_ns() + SWEEP_NS
+        self.damage_logged_at = 0
 
     # -- 1. take every published request from the ring ------------------------
     def drain_ring(self) -> bool:
-        ctl = self.maps.ctl
-        took = False
+        ring = self.ring
+        start, took = ring.pos, False
+        if ring.repair():
+            self.ring_damaged("enqueue_pos was outside the ring; moved back")
+        skipped = 0
         while True:
-            entry = ctl.ring_pop()
-            if entry is None:
-                return took
-            if isinstance(entry, int):  # head claimed, not published yet
-                if not self.maybe_reclaim(entry):
-                    return took
+            got = ring.pop()
+            if got is None:
+                self.stall = None
+                break
+            kind, a, b, c = got
+            if kind == POP_OK:
+                took = True
+                self.take(a, b, c)
                 continue
-            took = True
-            self.take(*entry)
+            if kind == POP_STALLED and not self.may_skip_claim(a, b):
+                break
+            # Bounded, so that a client rewriting cells as fast as we skip them cannot
+            # keep the batcher here; the next pass goes on.
+            if skipped >= ring.capacity:
+                break
+            if ring.skip(b):
+                skipped += 1
+                # A cell left consumed is what a predecessor that died between popping
+                # and saving server.ring_pos leaves: not damage.
+                if kind == POP_CORRUPT and b != ring.pos - 1 + ring.capacity:
+                    self.ring_damaged(f"ring cell at position {ring.pos - 1} held {b:#x}")
+        if ring.pos != start:
+            self.maps.srv.store64(L["server.ring_pos"], ring.pos)
+        return took
 
     def take(self, client_id: int, slot: int, gen: int) -> None:
         """Claims, copies and validates one request; answers it at once if invalid."""
@@ -131,21 +156,40 @@ class Batcher:
         self.models[model_id].queue.append(
             Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off))
 
-    def maybe_reclaim(self, owner: int) -> bool:
-        """The ring head is claimed by `owner`: skip it if that lease is dead (or the
-        owner is no client at all: a forged claim)."""
+    def may_skip_claim(self, owner: int, head_seq: int) -> bool:
+        """The ring head is claimed by `owner` and not published. Skip it if that
+        lease is dead, if the owner is no client at all (a forged claim), or once it
+        has held the head for RING_STALL_NS: then the owner's publish fails and a live
+        client pushes again. A lease caught stalling once is skipped at once after."""
         if owner >= self.maps.layout.max_clients:
-            return self.maps.ctl.ring_reclaim(owner)
-        state, _ = self.maps.lease_of(owner)
-        if state == ClientState.ALIVE:  # it will publish
+            return True
+        state, lease = self.maps.lease_of(owner)
+        if state != ClientState.ALIVE or self.suspects.get(owner) == lease:
+            return True
+        now = now_ns()
+        if self.stall is None or self.stall[0] != (self.ring.pos, head_seq):
+            self.stall = ((self.ring.pos, head_seq), now)
             return False
-        return self.maps.ctl.ring_reclaim(owner)
+        if now - self.stall[1] < RING_STALL_NS:
+            return False
+        self.suspects[owner] = lease
+        self.ring_damaged(f"client {owner} held a ring claim unpublished for "
+                          f"{(now - self.stall[1]) / 1e6:.0f} ms")
+        return True
 
-    # -- 0. after a restart: nothing the previous batcher held is lost -----------
+    def ring_damaged(self, what: str) -> None:
+        """A client broke the ring's rules: entries may have been lost, so sweep now."""
+        now = now_ns()
+        if now - self.damage_logged_at >= SWEEP_NS:  # one line a second, not a flood
+            log.warning("request ring: %s", what)
+            self.damage_logged_at = now
+        self.sweep_at = 0
+
+    # -- 0. requests the ring does not (or no longer) hold ----------------------
     def recover(self) -> int:
-        """Takes again every request a previous batcher had claimed but not handed to
-        a worker (QUEUED outside any assigned mailbox), and every SUBMITTED request
-        whose ring entry it had popped. Returns how many. On a first start there are
+        """After a restart: takes again every request a previous batcher had claimed
+        but not handed to a worker (QUEUED outside any assigned mailbox), and every
+        SUBMITTED request whose ring entry it had popped. On a first start there are
         no clients and nothing to do."""
         layout, srv = self.maps.layout, self.maps.srv
         assigned = set()
@@ -154,8 +198,25 @@ class Batcher:
             if srv.load32(mb + L["mailbox.state"]) != 0:
                 n = min(srv.load32(mb + L["mailbox.n"]), MAX_BATCH_REQUESTS)
                 assigned.update(srv.load32(mb + L["mailbox.shadow"] + 4 * i) for i in range(n))
-        in_ring = set(self.maps.ctl.ring_pending())
-        recovered = 0
+        recovered = self.sweep(requeue_unassigned=assigned, min_age_ns=0)
+        if recovered:
+            log.warning("recovered %d request(s) held by the previous batcher", recovered)
+        return recovered
+
+    def sweep(self, requeue_unassigned: set[int] | None = None, min_age_ns: int = SWEEP_NS // 10) -> int:
+        """Takes every SUBMITTED request of a live lease that the ring does not hold:
+        its entry was lost (a client overwrote ring cells) or popped by a batcher that
+        died. Slot states, in each client's own arena, are the truth; the ring only
+        says where to look first. A late duplicate entry is ignored by take().
+        With requeue_unassigned (after a restart), QUEUED requests whose shadow index
+        is not in that set are taken again too. A request younger than min_age_ns (by
+        its client's ENQUEUE stamp) is left to its ring entry: its push may be under
+        way. Returns how many were taken."""
+        layout = self.maps.layout
+        in_ring = set(self.ring.pending())
+        now = now_ns()
+        stamp = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE
+        taken = 0
         for client_id in range(layout.max_clients):
             state, lease = self.maps.lease_of(client_id)
             mapped = self.maps.arena(client_id, lease) if state == ClientState.ALIVE else None
@@ -165,17 +226,20 @@ class Batcher:
             for slot in range(layout.slots_per_client):
                 off = alayout.slot(slot)
                 st = arena.ops.load32(off + L["slot.state"])
-                gen = arena.ops.load32(off + L["slot.generation"])
-                if st == SlotState.QUEUED and layout.shadow_index(client_id, slot) not in assigned:
+                if st == SlotState.QUEUED and requeue_unassigned is not None \
+                        and layout.shadow_index(client_id, slot) not in requeue_unassigned:
                     if not arena.ops.cas32(off + L["slot.state"], SlotState.QUEUED, SlotState.SUBMITTED):
                         continue
-                elif st != SlotState.SUBMITTED or (client_id, slot, gen) in in_ring:
+                elif st != SlotState.SUBMITTED:
+                    continue
+                elif now - arena.ops.load64(off + stamp) < min_age_ns:
+                    continue
+                gen = arena.ops.load32(off + L["slot.generation"])
+                if (client_id, slot, gen) in in_ring:
                     continue
                 self.take(client_id, slot, gen)
-                recovered += 1
-        if recovered:
-            log.warning("recovered %d request(s) held by the previous batcher", recovered)
-        return recovered
+                taken += 1
+        return taken
 
     # -- 2. hand batches to idle workers ---------------------------------------
     def dispatch(self) -> int | None:
@@ -252,7 +316,14 @@ class Batcher:
         while True:
             seen = ctl.load32(bell)
             self.drain_ring()
+            if now_ns() >= self.sweep_at:
+                if self.sweep():
+                    log.warning("request ring: took requests whose ring entries were lost")
+                self.sweep_at = now_ns() + SWEEP_NS
             deadline = self.dispatch()
+            if self.stall is not None:  # come back when the stalled claim's grace ends
+                end = self.stall[1] + RING_STALL_NS
+                deadline = end if deadline is None else min(deadline, end)
             timeout = IDLE_CHECK_NS if deadline is None else max(0, deadline - now_ns())
             # Spin only while no worker computes: then the next event is a new request
             # we want to catch at once; under load the CPU is better left to the workers.

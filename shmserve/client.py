@@ -35,6 +35,7 @@ _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
 SPIN_US = 100  # a caller spins at least this long for its answer before it sleeps
 MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that long
+RING_FULL_WAIT_S = 0.1  # a full ring (only a client breaking it makes one) is retried this long
 
 
 class InferResult(collections.abc.Mapping):
@@ -148,6 +149,10 @@ class Client:
                     f"segment {seg.name} is not a shmserve protocol {P.PROTOCOL_VERSION} segment "
                     f"(magic {found[0]:#x}, version {found[1]})", P.Status.INVALID_ARG)
         self._ctl, self._ops = self._control.ops, self._arena.ops
+        try:
+            self._ring = P.Ring(self._ctl)
+        except ValueError as e:
+            raise errors.ShmServeError(f"segment {self._control.name}: {e}", P.Status.INVALID_ARG) from None
         self._buf = self._arena.buffer
         self._slots_offset = hello["slots_offset"]
         self._alloc = ArenaAllocator(hello["data_offset"], hello["arena_bytes"])
@@ -269,7 +274,7 @@ class Client:
         if self._closed:
             raise errors.ServerDeadError("client is closed")
         if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
-            raise errors.ServerDeadError(f"server '{self.name}' has stopped")
+            self._check_server()
         req = _Request()
         req.plan = plan = self._plan(model, version)
         req.sources = self._sources(plan, inputs)
@@ -387,17 +392,36 @@ class Client:
         with self._lock:
             self._inflight[slot] = req
         self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
-        rc = self._ctl.ring_push(self.client_id, slot, gen)
-        if rc != P.RingResult.OK:
+        rc = self._push(slot, gen)
+        # The slot goes back to FREE only if the batcher has not taken it meanwhile
+        # (its sweep takes SUBMITTED requests the ring lost): then it is in flight.
+        if rc != P.RingResult.OK and self._ops.cas32(slot_off, P.SlotState.SUBMITTED, P.SlotState.FREE):
             with self._lock:
                 del self._inflight[slot]
-            self._ops.store32(slot_off, P.SlotState.FREE)
             self._release_slot(slot)
             if rc == P.RingResult.FULL:
                 raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
             raise errors.ServerDeadError("the server revoked this client's lease")
-        # SYNC POINT: wakes the batcher sleeping in doorbell_wait on control.doorbell.
-        self._ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+
+    def _push(self, slot: int, gen: int) -> int:
+        """Pushes the entry and rings the batcher. RECLAIMED (our claim was skipped:
+        dead lease, or held past the batcher's grace) is retried a few times; FULL,
+        which an honest ring never is (it holds every slot of every client), for up to
+        RING_FULL_WAIT_S while the batcher repairs the ring."""
+        deadline = None
+        for attempt in range(1000):
+            rc = self._ring.push(self.client_id, slot, gen)
+            # SYNC POINT: wakes the batcher sleeping in doorbell_wait on control.doorbell.
+            self._ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+            if rc == P.RingResult.OK or (rc == P.RingResult.RECLAIMED and attempt >= 3):
+                return rc
+            if rc == P.RingResult.FULL:
+                now = time.monotonic()
+                deadline = deadline or now + RING_FULL_WAIT_S
+                if now >= deadline:
+                    return rc
+                time.sleep(0.001)
+        return rc
 
     def _acquire_slot(self) -> int:
         with self._slot_free:
@@ -426,12 +450,13 @@ class Client:
 
     # -- completion ----------------------------------------------------------------------
     def _check_server(self) -> None:
-        """Raises ServerDeadError if the server stopped or died: its state word, its
-        pid, and end-of-file on the control socket (the lease) all say so."""
-        if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
-            raise errors.ServerDeadError(f"server '{self.name}' has stopped")
+        """Raises ServerDeadError if the server stopped or died: its pid, and
+        end-of-file on the control socket (the lease), say so. control.server_state is
+        only a hint: any client can write it, so it only words the error."""
+        stopped = self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED
         if not pid_alive(self.server_pid):
-            raise errors.ServerDeadError(f"server '{self.name}' (pid {self.server_pid}) died")
+            raise errors.ServerDeadError(f"server '{self.name}' " + (
+                "has stopped" if stopped else f"(pid {self.server_pid}) died"))
         if self._sock_lock.acquire(blocking=False):
             try:
                 eof = self._sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
@@ -442,7 +467,8 @@ class Client:
             finally:
                 self._sock_lock.release()
             if eof:
-                raise errors.ServerDeadError(f"server '{self.name}' closed this client's lease")
+                raise errors.ServerDeadError(f"server '{self.name}' " + (
+                    "has stopped" if stopped else "closed this client's lease"))
 
     def _done(self, req: _Request) -> bool:
         off = self._slots_offset + req.slot * P.SLOT_BYTES

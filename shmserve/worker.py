@@ -126,20 +126,22 @@ class Worker:
             status, msg = Status.INTERNAL, f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
         compute_ns = time.monotonic_ns() - start
         row = 0
-        ok = 0
+        answers = []
         for req in live:
             req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
             if status == Status.OK:
-                st, m, results = self.scatter(req, outputs, row)
+                answers.append(self.scatter(req, outputs, row))
             else:
-                st, m, results = status, msg, []
+                answers.append((status, msg, []))
             row += req.rows
-            ok += st == Status.OK
+        # Statistics first: a caller that reads them after its answer sees its request.
+        ok = sum(st == Status.OK for st, _, _ in answers)
+        self.maps.srv.record_batch(self.model_off, len(live), row, ok, compute_ns)
+        for req, (st, m, results) in zip(live, answers):
             try:
                 req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
             except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
                 log.warning("client %d: could not answer: %s", req.client_id, e)
-        self.maps.srv.record_batch(self.model_off, len(live), row, ok, compute_ns)
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
     def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:

@@ -370,6 +370,7 @@ class RawLease:
         self.control = Segment(hello["control"])
         self.arena = Segment(hello["arena"], hello["arena_bytes"])
         self.ctl, self.ops, self.buf = self.control.ops, self.arena.ops, self.arena.buffer
+        self.ring = P.Ring(self.ctl)
         self.arena_bytes = hello["arena_bytes"]
         self.data_offset = hello["data_offset"]
         self.n_slots = hello["n_slots"]
@@ -402,7 +403,7 @@ class RawLease:
 
     def push(self, slot: int, gen: int, client_id: int | None = None) -> int:
         cid = self.client_id if client_id is None else client_id
-        rc = self.ctl.ring_push(cid, slot, gen)
+        rc = self.ring.push(cid, slot, gen)
         self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
         return rc
 

@@ -1,5 +1,5 @@
-"""The request ring (shms_ring_push / pop / reclaim) on an anonymous shared mapping,
-no server involved."""
+"""The request ring (shms_ring_push / pop / skip / repair) on an anonymous shared
+mapping, no server involved."""
 from __future__ import annotations
 
 import mmap
@@ -9,6 +9,7 @@ import time
 import pytest
 
 from shmserve import _core
+from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import RingResult
 from shmserve.segments import control_ring_offset, control_size, init_control
@@ -22,11 +23,16 @@ def claim_word(owner: int, pos: int) -> int:
 
 
 class Ring:
+    """A producer view and the consumer's view of one ring, as the client and the
+    batcher hold them (protocol.Ring / RingConsumer)."""
+
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.mm = mmap.mmap(-1, control_size(capacity))  # MAP_SHARED: forks see it
         self.ops = _core.Mapping(self.mm)
         init_control(self.mm, self.ops, capacity, os.getpid())
+        self.producer = P.Ring(self.ops)
+        self.consumer = P.RingConsumer(self.ops, 0)
 
     def cell(self, pos: int) -> int:
         return control_ring_offset() + (pos % self.capacity) * L["ring_cell.size"]
@@ -40,13 +46,26 @@ class Ring:
 
     @property
     def dequeue_pos(self) -> int:
-        return self.ops.load64(L["control.dequeue_pos"])
+        assert self.ops.load64(L["control.dequeue_pos"]) == self.consumer.pos  # the mirror
+        return self.consumer.pos
 
     def push(self, owner, slot, gen):
-        return self.ops.ring_push(owner, slot, gen)
+        return self.producer.push(owner, slot, gen)
 
     def pop(self):
-        return self.ops.ring_pop()
+        """(client, slot, gen), None when empty, ("stalled", owner) or ("corrupt", seq)."""
+        got = self.consumer.pop()
+        if got is None:
+            return None
+        kind, a, b, c = got
+        if kind == P.POP_OK:
+            return (a, b, c)
+        return ("stalled", a) if kind == P.POP_STALLED else ("corrupt", b)
+
+    def skip(self):
+        got = self.consumer.pop()
+        assert got is not None and got[0] != P.POP_OK, got
+        return self.consumer.skip(got[2])
 
 
 def test_fifo_and_fields():
@@ -88,7 +107,7 @@ def test_wrap_around_many_laps():
     assert r.enqueue_pos == r.dequeue_pos == pushed > 4 * 5000 // 2
 
 
-def test_claimed_unpublished_cell_stalls_and_is_reclaimed():
+def test_claimed_unpublished_cell_stalls_and_is_skipped():
     r = Ring(4)
     assert r.push(1, 0, 10) == RingResult.OK
     assert r.pop() == (1, 0, 10)
@@ -96,36 +115,94 @@ def test_claimed_unpublished_cell_stalls_and_is_reclaimed():
     # enqueue_pos): its cell holds CLAIM(7, 1).
     pos = r.enqueue_pos
     r.ops.store64(r.cell(pos), claim_word(7, pos))
-    assert r.pop() == 7  # stalled, naming the owner
+    assert r.pop() == ("stalled", 7)  # naming the owner
     # Another producer is not blocked: it helps enqueue_pos past the claim.
     assert r.push(2, 5, 55) == RingResult.OK
     assert r.enqueue_pos == pos + 2
-    assert r.pop() == 7  # strict order: still stalled on the head
-    assert r.ops.ring_reclaim(3) is False  # not that owner's claim
-    assert r.pop() == 7
-    assert r.ops.ring_reclaim(7) is True
+    assert r.pop() == ("stalled", 7)  # strict order: still stalled on the head
+    assert r.consumer.skip(claim_word(3, pos)) is False  # not what the cell holds
+    assert r.pop() == ("stalled", 7)
+    assert r.skip() is True
     assert r.seq(pos) == pos + r.capacity  # the cell is free for the next lap
-    assert r.ops.ring_reclaim(7) is False  # nothing left to reclaim
     assert r.pop() == (2, 5, 55)
     assert r.pop() is None
-    # The ring goes on over the reclaimed cell for many laps.
+    # The ring goes on over the skipped cell for many laps.
     for i in range(40):
         assert r.push(4, i, i) == RingResult.OK
         assert r.pop() == (4, i, i)
 
 
-def test_stale_claim_of_an_older_lap_is_not_a_stall():
-    """A claim word whose position bits belong to another lap does not match the
-    head: the cell reads as an unconsumed older entry (full), never as a stall."""
+def test_late_publish_of_a_skipped_claim_is_reclaimed():
+    """The owner of a skipped claim learns it at its publishing CAS; pushing again works."""
+    r = Ring(4)
+    pos = r.enqueue_pos
+    r.ops.store64(r.cell(pos), claim_word(3, pos))  # as if client 3 were between its CASes
+    r.ops.store64(L["control.enqueue_pos"], pos + 1)
+    assert r.skip() is True
+    assert r.push(3, 1, 1) == RingResult.OK  # its next push lands after the skipped cell
+    assert r.pop() == (3, 1, 1)
+
+
+def test_stale_claim_of_an_older_lap_is_corrupt():
+    """A claim word whose position bits belong to another lap is no honest state of
+    the head: the consumer reports it (and may skip it), it never reads as a stall."""
     r = Ring(4)
     for i in range(6):
         r.push(1, i, i)
         r.pop()
     pos = r.enqueue_pos
     r.ops.store64(r.cell(pos), claim_word(9, pos - 4))
-    assert r.pop() is None
-    assert r.ops.ring_reclaim(9) is False
-    assert r.push(1, 0, 0) == RingResult.FULL
+    assert r.pop() == ("corrupt", claim_word(9, pos - 4))
+    assert r.push(1, 0, 0) == RingResult.FULL  # producers cannot use that cell
+    assert r.skip() is True
+    assert r.push(1, 0, 0) == RingResult.OK
+    assert r.pop() == (1, 0, 0)
+
+
+@pytest.mark.parametrize("forged", [10**9, -10**9, 5])
+def test_forged_enqueue_pos_is_repaired_by_the_consumer(forged):
+    r = Ring(8)
+    for i in range(3):
+        assert r.push(1, i, i) == RingResult.OK
+    assert r.pop() == (1, 0, 0)
+    honest = r.enqueue_pos
+    r.ops.store64(L["control.enqueue_pos"], (honest + forged) % 2**64)
+    if forged != 5:
+        assert r.consumer.repair() is True
+        assert r.enqueue_pos == honest
+    else:  # forward inside the window: producers skip the hole, the consumer skips it too
+        assert r.consumer.repair() is False
+    assert r.push(2, 7, 7) == RingResult.OK
+    assert r.pop() == (1, 1, 1)
+    assert r.pop() == (1, 2, 2)
+    got = []
+    for _ in range(20):  # free cells of the hole read as corrupt and are skipped
+        e = r.pop()
+        if e is None:
+            break
+        if e[0] == "corrupt":
+            assert r.consumer.skip(e[1])
+            continue
+        got.append(e)
+    assert got == [(2, 7, 7)]
+    for i in range(20):
+        assert r.push(3, i, i) == RingResult.OK
+        assert r.pop() == (3, i, i)
+
+
+def test_header_vandalism_does_not_move_attached_views():
+    """Capacity, offset and dequeue_pos in the header are read once (attach) or only
+    mirrored: rewriting them changes nothing for processes already attached."""
+    r = Ring(8)
+    assert r.push(1, 1, 1) == RingResult.OK
+    r.ops.store32(L["control.ring_capacity"], 1 << 30)
+    r.ops.store32(L["control.ring_offset"], 8)
+    r.ops.store64(L["control.dequeue_pos"], 12345)
+    assert r.push(1, 2, 2) == RingResult.OK
+    assert r.pop() == (1, 1, 1)
+    assert r.pop() == (1, 2, 2)
+    with pytest.raises(ValueError, match="not a shmserve control segment"):
+        P.Ring(r.ops)  # a new attach checks the header and refuses it
 
 
 def test_producer_processes_race():
@@ -141,7 +218,7 @@ def test_producer_processes_race():
             try:
                 for i in range(per_producer):
                     while True:
-                        rc = r.ops.ring_push(p, i & 0xFFFF, i)
+                        rc = r.push(p, i & 0xFFFF, i)
                         if rc == RingResult.OK:
                             break
                         if rc != RingResult.FULL:
@@ -158,8 +235,9 @@ def test_producer_processes_race():
     try:
         while total < producers * per_producer:
             e = r.pop()
-            if e is None or isinstance(e, int):  # empty, or a producer mid-publish
-                stalls += isinstance(e, int)
+            if e is None or isinstance(e[0], str):  # empty, or a producer mid-publish
+                assert e is None or e[0] == "stalled", e
+                stalls += e is not None
                 assert time.monotonic() < deadline, f"only {total} entries after 45 s"
                 os.sched_yield()
                 continue
@@ -180,9 +258,11 @@ def test_not_a_control_segment():
     mm = mmap.mmap(-1, control_size(8))
     ops = _core.Mapping(mm)
     with pytest.raises(ValueError, match="not a shmserve control segment"):
-        ops.ring_push(1, 1, 1)
-    with pytest.raises(ValueError):
-        ops.ring_pop()
+        P.Ring(ops)
+    with pytest.raises(ValueError, match="power of two"):
+        ops.ring_push(256, 6, 1, 1, 1)  # a capacity that is no power of two
+    with pytest.raises(IndexError):
+        ops.ring_pop(256, 1 << 20, 0)  # cells past the mapping
     with pytest.raises(ValueError, match="power of two"):
         init_control(mm, ops, 6, os.getpid())
 

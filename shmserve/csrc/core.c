@@ -155,59 +155,91 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
 }
 
 /* ---------------------------------------------------------------- ring */
+/* Every ring call takes the (offset, capacity) that ring_attach() returned once:
+ * the header is client-writable, so it is never read again after attaching. */
 
-static shms_control *control_of(Mapping *self) {
-  shms_control *ctl = (shms_control *)at(self, 0, sizeof(shms_control), 64);
-  if (!ctl) return NULL;
-  uint64_t cap = ctl->ring_capacity;
-  if (ctl->magic != SHMS_MAGIC_CONTROL || cap == 0 || (cap & (cap - 1)) ||
-      !at(self, ctl->ring_offset, cap * sizeof(shms_ring_cell), 64)) {
-    PyErr_Clear();
-    PyErr_SetString(PyExc_ValueError, "not a shmserve control segment (bad magic or ring)");
+static int ring_view(Mapping *self, unsigned long long off, unsigned long long cap,
+                     shms_ring *r) {
+  if (cap < 2 || (cap & (cap - 1)) || cap > (1u << 30)) {
+    PyErr_SetString(PyExc_ValueError, "ring capacity must be a power of two");
+    return -1;
+  }
+  r->ctl = (shms_control *)at(self, 0, sizeof(shms_control), 64);
+  r->cells = (shms_ring_cell *)at(self, off, cap * sizeof(shms_ring_cell), 64);
+  r->capacity = cap;
+  return r->ctl && r->cells ? 0 : -1;
+}
+
+/* ring_attach() -> (ring_offset, ring_capacity), checked once. */
+static PyObject *m_ring_attach(Mapping *self, PyObject *unused) {
+  shms_ring r;
+  if (!at(self, 0, 0, 0)) return NULL;
+  if (shms_ring_attach(&r, self->base, self->size) != 0) {
+    PyErr_SetString(PyExc_ValueError,
+                    "not a shmserve control segment (bad magic, version or ring)");
     return NULL;
   }
-  return ctl;
+  return Py_BuildValue("(KK)", (unsigned long long)((char *)r.cells - self->base),
+                       (unsigned long long)r.capacity);
 }
 
+/* ring_push(offset, capacity, owner, slot, generation) -> shms_ring_result */
 static PyObject *m_ring_push(Mapping *self, PyObject *args) {
+  unsigned long long off, cap;
   unsigned int owner, slot, gen;
-  if (!PyArg_ParseTuple(args, "III", &owner, &slot, &gen)) return NULL;
-  shms_control *ctl = control_of(self);
-  if (!ctl) return NULL;
-  return PyLong_FromLong(shms_ring_push(ctl, owner, slot, gen));
+  shms_ring r;
+  if (!PyArg_ParseTuple(args, "KKIII", &off, &cap, &owner, &slot, &gen)) return NULL;
+  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  return PyLong_FromLong(shms_ring_push(&r, owner, slot, gen));
 }
 
-/* ring_pop() -> (client, slot, generation) | None | int stalled_owner */
-static PyObject *m_ring_pop(Mapping *self, PyObject *unused) {
-  shms_control *ctl = control_of(self);
-  if (!ctl) return NULL;
+/* ring_pop(offset, capacity, pos) -> None (empty) | (kind, a, b, c):
+ *   (SHMS_POP_OK, client, slot, generation): taken; the position is now pos + 1
+ *   (SHMS_POP_STALLED, owner, head_seq, 0) | (SHMS_POP_CORRUPT, 0, head_seq, 0) */
+static PyObject *m_ring_pop(Mapping *self, PyObject *args) {
+  unsigned long long off, cap, pos;
+  shms_ring r;
+  if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
+  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  uint64_t p = pos, head_seq = 0;
   shms_ring_entry e;
   uint32_t owner = 0;
-  int r = shms_ring_pop(ctl, &e, &owner);
-  if (r == SHMS_POP_OK) return Py_BuildValue("(III)", e.client_id, e.slot, e.generation);
-  if (r == SHMS_POP_STALLED) return PyLong_FromUnsignedLong(owner);
-  Py_RETURN_NONE;
+  int k = shms_ring_pop(&r, &p, &e, &owner, &head_seq);
+  if (k == SHMS_POP_OK) return Py_BuildValue("(iIII)", k, e.client_id, e.slot, e.generation);
+  if (k == SHMS_POP_EMPTY) Py_RETURN_NONE;
+  return Py_BuildValue("(iIKi)", k, owner, (unsigned long long)head_seq, 0);
 }
 
-static PyObject *m_ring_reclaim(Mapping *self, PyObject *arg) {
-  shms_control *ctl = control_of(self);
-  if (!ctl) return NULL;
-  return PyBool_FromLong(shms_ring_reclaim(ctl, (uint32_t)PyLong_AsUnsignedLong(arg)));
+/* ring_skip(offset, capacity, pos, head_seq) -> True if the head was skipped. */
+static PyObject *m_ring_skip(Mapping *self, PyObject *args) {
+  unsigned long long off, cap, pos, head_seq;
+  shms_ring r;
+  if (!PyArg_ParseTuple(args, "KKKK", &off, &cap, &pos, &head_seq)) return NULL;
+  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  uint64_t p = pos;
+  return PyBool_FromLong(shms_ring_skip(&r, &p, head_seq));
 }
 
-/* ring_pending() -> [(client, slot, generation)] published and not yet consumed
- * (consumer side, e.g. a restarted batcher deciding what the ring still holds). */
-static PyObject *m_ring_pending(Mapping *self, PyObject *unused) {
-  shms_control *ctl = control_of(self);
-  if (!ctl) return NULL;
-  shms_ring_cell *cells = shms_ring_cells(ctl);
-  const uint64_t cap = ctl->ring_capacity;
-  uint64_t pos = shms_load(&ctl->dequeue_pos, memory_order_acquire);
-  uint64_t end = shms_load(&ctl->enqueue_pos, memory_order_acquire);
+/* ring_repair(offset, capacity, pos) -> True if enqueue_pos had to be moved back. */
+static PyObject *m_ring_repair(Mapping *self, PyObject *args) {
+  unsigned long long off, cap, pos;
+  shms_ring r;
+  if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
+  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  return PyBool_FromLong(shms_ring_repair(&r, pos));
+}
+
+/* ring_pending(offset, capacity, pos) -> [(client, slot, generation)] published and
+ * not yet consumed from position pos on (a restarted batcher, the sweep). */
+static PyObject *m_ring_pending(Mapping *self, PyObject *args) {
+  unsigned long long off, cap, pos;
+  shms_ring r;
+  if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
+  if (ring_view(self, off, cap, &r) < 0) return NULL;
   PyObject *out = PyList_New(0);
-  for (; out && pos != end && end - pos <= cap; pos++) {
-    shms_ring_cell *c = &cells[pos & (cap - 1)];
-    if (shms_load(&c->seq, memory_order_acquire) != pos + 1) continue;
+  for (uint64_t q = pos; out && q < pos + cap; q++) {
+    shms_ring_cell *c = &r.cells[q & (cap - 1)];
+    if (shms_load(&c->seq, memory_order_acquire) != q + 1) continue;
     PyObject *t = Py_BuildValue("(III)", c->client_id, c->slot, c->generation);
     if (!t || PyList_Append(out, t) < 0) Py_CLEAR(out);
     Py_XDECREF(t);
@@ -582,10 +614,12 @@ static PyMethodDef mapping_methods[] = {
     {"doorbell_ring", (PyCFunction)m_doorbell_ring, METH_VARARGS, "Bump a doorbell and wake."},
     {"doorbell_wait", (PyCFunction)m_doorbell_wait, METH_VARARGS,
      "Spin then sleep until a doorbell moves past `seen`; GIL released."},
+    {"ring_attach", (PyCFunction)m_ring_attach, METH_NOARGS, "Check the ring once: (offset, capacity)."},
     {"ring_push", (PyCFunction)m_ring_push, METH_VARARGS, "Push (client, slot, generation)."},
-    {"ring_pop", (PyCFunction)m_ring_pop, METH_NOARGS, "Pop the ring head (consumer only)."},
-    {"ring_reclaim", (PyCFunction)m_ring_reclaim, METH_O, "Skip a dead owner's claimed head."},
-    {"ring_pending", (PyCFunction)m_ring_pending, METH_NOARGS, "Published, unconsumed entries."},
+    {"ring_pop", (PyCFunction)m_ring_pop, METH_VARARGS, "Pop the ring head (consumer only)."},
+    {"ring_skip", (PyCFunction)m_ring_skip, METH_VARARGS, "Skip the head cell (consumer only)."},
+    {"ring_repair", (PyCFunction)m_ring_repair, METH_VARARGS, "Fix a forged enqueue_pos."},
+    {"ring_pending", (PyCFunction)m_ring_pending, METH_VARARGS, "Published, unconsumed entries."},
     {"write_request", (PyCFunction)m_write_request, METH_VARARGS, "Client: fill a slot."},
     {"read_result", (PyCFunction)m_read_result, METH_O, "Client: read a DONE slot."},
     {"take", (PyCFunction)m_take, METH_VARARGS, "Batcher: claim, copy and validate."},
@@ -724,6 +758,7 @@ static PyObject *f_layout(PyObject *m, PyObject *unused) {
   ADD(d, "server.models_offset", offsetof(shms_server_header, models_offset));
   ADD(d, "server.shadows_offset", offsetof(shms_server_header, shadows_offset));
   ADD(d, "server.mailboxes_offset", offsetof(shms_server_header, mailboxes_offset));
+  ADD(d, "server.ring_pos", offsetof(shms_server_header, ring_pos));
   return d;
 }
 

@@ -121,16 +121,18 @@ void test_vectors(const std::string &path) {
   alignas(64) unsigned char buf[sizeof(shms_control) + 8 * sizeof(shms_ring_cell)] = {};
   auto *ctl = reinterpret_cast<shms_control *>(buf);
   ctl->magic = SHMS_MAGIC_CONTROL;
-  ctl->version = 1;
+  ctl->version = SHMS_PROTOCOL_VERSION;
   ctl->header_bytes = ctl->ring_offset = sizeof(shms_control);
   ctl->ring_capacity = 8;
-  for (uint64_t i = 0; i < 8; i++) shms_ring_cells(ctl)[i].seq.store(i);
+  shms_ring ring;
+  CHECK(shms_ring_attach(&ring, buf, sizeof buf) == 0, "attach failed");
+  for (uint64_t i = 0; i < 8; i++) ring.cells[i].seq.store(i);
   ctl->enqueue_pos.store(4097);
-  shms_ring_cells(ctl)[1].seq.store(4097);
-  CHECK(shms_ring_push(ctl, 3, 5, 7) == SHMS_RING_OK, "push failed");
+  ring.cells[1].seq.store(4097);
+  CHECK(shms_ring_push(&ring, 3, 5, 7) == SHMS_RING_OK, "push failed");
   uint64_t enq = ctl->enqueue_pos.load();
-  CHECK(hex(&shms_ring_cells(ctl)[1], 32) + hex(&enq, 8) == vector_hex(json, "ring_cell_after_push"),
-        "ring cell differs: ", hex(&shms_ring_cells(ctl)[1], 32) + hex(&enq, 8));
+  CHECK(hex(&ring.cells[1], 32) + hex(&enq, 8) == vector_hex(json, "ring_cell_after_push"),
+        "ring cell differs: ", hex(&ring.cells[1], 32) + hex(&enq, 8));
 
   CHECK(hex(shmserve::hello_frame(4242, 1048576)) == vector_hex(json, "hello_frame"), "hello frame differs: ",
         hex(shmserve::hello_frame(4242, 1048576)));

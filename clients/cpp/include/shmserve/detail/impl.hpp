@@ -34,11 +34,8 @@ class Impl : public std::enable_shared_from_this<Impl> {
     uint64_t slots_offset = static_cast<uint64_t>(h.i("slots_offset"));
     uint64_t data_offset = static_cast<uint64_t>(h.i("data_offset"));
     // docs/protocol.md section 12: refuse a segment that is not what the protocol says.
-    uint64_t cap = ctl->ring_capacity;
-    if (ctl_map.size < sizeof(shms_control) || ctl->magic != SHMS_MAGIC_CONTROL ||
-        ctl->version != SHMS_PROTOCOL_VERSION || ctl->header_bytes != sizeof(shms_control) ||
-        cap < 2 || (cap & (cap - 1)) || ctl->ring_offset % 64 ||
-        ctl->ring_offset + cap * sizeof(shms_ring_cell) > ctl_map.size)
+    // The ring's capacity and place are fixed here, once: the header is client-writable.
+    if (shms_ring_attach(&ring, ctl_map.base, ctl_map.size) != 0 || ctl->header_bytes != sizeof(shms_control))
       throw ProtocolError("control segment: bad magic, version or ring");
     if (hdr->magic != SHMS_MAGIC_ARENA || hdr->version != SHMS_PROTOCOL_VERSION ||
         hdr->client_id != client_id || hdr->n_slots != n_slots || hdr->slots_offset != slots_offset ||
@@ -103,14 +100,16 @@ class Impl : public std::enable_shared_from_this<Impl> {
   // -- liveness -------------------------------------------------------------------------
   /// Throws ServerDeadError if the server stopped or died, or the lease ended.
   void check_server() {
+    // control.server_state is only a hint (any client can write it): the pid and the
+    // lease socket decide.
     if (closed.load()) throw ServerDeadError("the client is closed");
-    if (shms_load(&ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
-      throw ServerDeadError("server '" + opts.name + "' has stopped");
+    bool stopped = shms_load(&ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED;
     if (::kill(server_pid, 0) != 0 && errno == ESRCH)
-      throw ServerDeadError("server '" + opts.name + "' (pid " + std::to_string(server_pid) + ") died");
+      throw ServerDeadError("server '" + opts.name +
+                            (stopped ? "' has stopped" : "' (pid " + std::to_string(server_pid) + ") died"));
     std::unique_lock<std::mutex> g(sock_mu, std::try_to_lock);
     if (g.owns_lock() && sock->at_eof())
-      throw ServerDeadError("server '" + opts.name + "' closed this client's lease");
+      throw ServerDeadError("server '" + opts.name + (stopped ? "' has stopped" : "' closed this client's lease"));
   }
 
   // -- memory ---------------------------------------------------------------------------
@@ -138,8 +137,7 @@ class Impl : public std::enable_shared_from_this<Impl> {
   std::shared_ptr<Call> submit(const std::string &model_name, const std::vector<Input> &inputs,
                                const std::vector<std::string> &outputs, int64_t version) {
     if (closed.load()) throw ServerDeadError("the client is closed");
-    if (shms_load(&ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
-      throw ServerDeadError("server '" + opts.name + "' has stopped");
+    if (shms_load(&ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED) check_server();
     auto call = std::make_shared<Call>();
     call->model = model(model_name, version);
     const ModelInfo &m = *call->model;
@@ -269,14 +267,34 @@ class Impl : public std::enable_shared_from_this<Impl> {
     slot.t_ns[SHMS_T_ENQUEUE] = shms_now_ns();
     // SYNC POINT: release pairs with the batcher's CAS SUBMITTED -> QUEUED.
     shms_store(&slot.state, static_cast<uint32_t>(SHMS_SLOT_SUBMITTED), memory_order_release);
-    int rc = shms_ring_push(ctl, client_id, s, c.generation);
-    if (rc != SHMS_RING_OK) {
-      shms_store(&slot.state, static_cast<uint32_t>(SHMS_SLOT_FREE), memory_order_release);
-      return rc;
-    }
-    // SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell.
-    shms_doorbell_ring(&ctl->doorbell, &ctl->batcher_sleeping, 1);
+    int rc = push(s, c.generation);
+    // Back to FREE only if the batcher has not taken the request meanwhile (its sweep
+    // takes SUBMITTED requests the ring lost): then it is in flight after all.
+    uint32_t submitted = SHMS_SLOT_SUBMITTED;
+    if (rc != SHMS_RING_OK && !shms_cas(&slot.state, &submitted, static_cast<uint32_t>(SHMS_SLOT_FREE)))
+      rc = SHMS_RING_OK;
     return rc;
+  }
+
+  /// Pushes the ring entry and rings the batcher. RECLAIMED (our claim was skipped: a
+  /// dead lease, or held past the batcher's grace) is retried a few times; FULL, which
+  /// an honest ring never is (it holds every slot of every client), for up to 100 ms
+  /// while the batcher repairs the ring.
+  int push(uint32_t s, uint32_t generation) {
+    uint64_t full_since = 0;
+    for (int attempt = 0;; attempt++) {
+      int rc = shms_ring_push(&ring, client_id, s, generation);
+      // SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell.
+      shms_doorbell_ring(&ctl->doorbell, &ctl->batcher_sleeping, 1);
+      if (rc == SHMS_RING_OK || (rc == SHMS_RING_RECLAIMED && attempt >= 3)) return rc;
+      if (rc == SHMS_RING_FULL) {
+        uint64_t now = shms_now_ns();
+        if (!full_since) full_since = now;
+        if (now - full_since >= 100000000ull) return rc;
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, nullptr);
+      }
+    }
   }
 
   /// Reads every DONE slot into its Call and frees the slot. Returns how many.
@@ -425,6 +443,7 @@ class Impl : public std::enable_shared_from_this<Impl> {
   std::atomic<bool> closed{false};
   detail::Mapping ctl_map, arena_map;
   shms_control *ctl = nullptr;
+  shms_ring ring{};
   char *arena = nullptr;
   shms_arena_header *hdr = nullptr;
   shms_slot *slots = nullptr;
