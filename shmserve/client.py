@@ -134,14 +134,19 @@ class Client:
                 f"no shmserve server named '{name}' is running (control socket {path}: "
                 f"{e.strerror}); start one with `shmserve serve`") from None
         self._sock_lock = threading.Lock()
-        hello = self._call(P.OP_HELLO, version=P.PROTOCOL_VERSION, pid=os.getpid(),
-                           arena_bytes=arena_bytes or 0)
+        hello, fds = self._call(P.OP_HELLO, version=P.PROTOCOL_VERSION, pid=os.getpid(),
+                                arena_bytes=arena_bytes or 0, _fds=1)
         self.client_id = hello["client_id"]
         self.server_pid = hello["server_pid"]
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
         self._spin = AdaptiveSpin(self._spin_ns, MAX_SPIN_US * 1000 if self._spin_ns else 0)
         self._control = Segment(hello["control"])
-        self._arena = Segment(hello["arena"], hello["arena_bytes"])
+        if len(fds) != 1:
+            raise errors.ShmServeError("hello reply carried no arena descriptor", P.Status.INTERNAL)
+        try:
+            self._arena = Segment.from_fd(fds[0], hello["arena_bytes"], f"arena of lease {self.client_id}")
+        finally:
+            os.close(fds[0])  # the mapping keeps the memory
         for seg, magic in ((self._control, L["MAGIC_CONTROL"]), (self._arena, L["MAGIC_ARENA"])):
             found = struct.unpack_from("<QI", seg.buffer, 0)
             if found != (magic, P.PROTOCOL_VERSION):
@@ -170,17 +175,20 @@ class Client:
         self._arena_base = np.frombuffer(self._buf, np.uint8).ctypes.data
 
     # -- control plane ------------------------------------------------------------
-    def _call(self, op: str, **fields) -> dict:
+    def _call(self, op: str, _fds: int = 0, **fields):
+        """One control request; with _fds, returns (reply, descriptors received)."""
         with self._sock_lock:
             try:
                 self._sock.sendall(P.pack_frame({"op": op, **fields}))
-                reply = P.recv_frame(self._sock)
+                reply, fds = P.recv_frame_fds(self._sock, _fds)
             except (OSError, ConnectionError) as e:
                 raise errors.ServerDeadError(f"server '{self.name}' is gone ({e})") from None
         if not reply.get("ok"):
+            for fd in fds:
+                os.close(fd)
             raise errors.from_status(reply.get("code", P.Status.INTERNAL), reply.get("error", "?"),
                                      reply.get("type"))
-        return reply
+        return (reply, fds) if _fds else reply
 
     def _remember_models(self, models: list[dict]) -> None:
         for m in models:

@@ -224,21 +224,22 @@ class Coordinator:
         generation = (srv.load32(entry + L["client_entry.generation"]) + 1) & 0xFFFFFFFF
         alayout = ArenaLayout.for_data(self.layout.slots_per_client, want)
         self._arena_counter += 1
-        name = f"{self.prefix}-a{client_id}-{self._arena_counter}"
-        arena = Segment(name, alayout.segment_bytes, create=True, what=f"arena of client pid {peer_pid}")
+        arena = Segment.sealed(f"shmserve-arena-{client_id}-{self._arena_counter}",
+                               alayout.segment_bytes, what=f"arena of client pid {peer_pid}")
         _put(arena.buffer, 0, "<QIIIIQQQ", L["MAGIC_ARENA"], L["PROTOCOL_VERSION"], client_id,
              generation, alayout.n_slots, alayout.slots_offset, alayout.data_offset,
              alayout.segment_bytes)
-        arena.close()
         buf = self.server.buffer
+        # The batcher and workers open the arena through this process's descriptor.
+        path = f"/proc/{os.getpid()}/fd/{arena.fd}"
         _put(buf, entry + L["client_entry.pid"], "<IIQ", peer_pid, peer_uid, alayout.segment_bytes)
-        _put(buf, entry + L["client_entry.segment"], f"{P.NAME_BYTES}s", name.encode())
+        _put(buf, entry + L["client_entry.segment"], f"{P.NAME_BYTES}s", path.encode())
         srv.store32(entry + L["client_entry.generation"], generation)
         srv.store32(entry + L["client_entry.state"], P.ClientState.ALIVE)
-        self.leases[client_id] = {"arena": name, "pid": peer_pid}
+        self.leases[client_id] = {"arena": arena, "pid": peer_pid}
         log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
         return {"client_id": client_id, "generation": generation, "control": self.control.name,
-                "arena": name, "arena_bytes": alayout.segment_bytes,
+                "arena_bytes": alayout.segment_bytes,
                 "slots_offset": alayout.slots_offset, "n_slots": alayout.n_slots,
                 "data_offset": alayout.data_offset, "server_pid": os.getpid(),
                 "spin_us": self.opts.spin_us, "models": self.model_list()}
@@ -250,7 +251,7 @@ class Coordinator:
         entry = self.layout.client(client_id)
         self.server.ops.store32(entry + L["client_entry.state"], P.ClientState.DEAD)
         self.dead_since[client_id] = time.monotonic()
-        unlink_quietly(lease["arena"])
+        lease["arena"].close()  # its memory goes when the last server mapping does
         # The head of the ring may hold a claim of this client: let the batcher look.
         self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
         log.info("lease %d closed (pid %d)", client_id, lease["pid"])
@@ -307,6 +308,7 @@ class Coordinator:
                 raise ShmServeError("hello sent twice on one connection", P.Status.INVALID_ARG)
             reply = self.open_lease(msg, lease["pid"], lease["uid"])
             lease["client_id"] = reply["client_id"]
+            lease["send_fd"] = self.leases[reply["client_id"]]["arena"].fd
             return reply
         if op == P.OP_MODELS:
             return {"models": self.model_list()}
@@ -346,7 +348,11 @@ class Coordinator:
                 except (ValueError, TypeError, OverflowError, KeyError) as e:
                     reply = {"ok": False, "code": int(P.Status.INVALID_ARG),
                              "error": f"malformed control message: {type(e).__name__}: {e}"}
-                writer.write(P.pack_frame(reply))
+                fd = lease.pop("send_fd", None)
+                if fd is None:
+                    writer.write(P.pack_frame(reply))
+                else:
+                    await send_with_fd(writer, P.pack_frame(reply), fd)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
@@ -421,7 +427,7 @@ class Coordinator:
                     child.proc.kill()
                     child.proc.wait()
         for lease in list(self.leases.values()):
-            unlink_quietly(lease["arena"])
+            lease["arena"].close()
         self.leases.clear()
         for seg in (self.control, self.server):
             if seg is not None:
@@ -468,6 +474,26 @@ class Coordinator:
         await supervisor
         if metrics is not None:
             metrics[0].shutdown()
+
+
+async def send_with_fd(writer: asyncio.StreamWriter, frame: bytes, fd: int) -> None:
+    """Sends a frame with fd attached (SCM_RIGHTS) on the first bytes. The transport
+    cannot carry descriptors, so this goes straight to the socket, once everything
+    the transport holds is out (frames stay in order)."""
+    while writer.transport.get_write_buffer_size():
+        await asyncio.sleep(0.001)
+    sock = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+    try:
+        while True:
+            try:
+                sent = socket.send_fds(sock, [frame], [fd])
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+    finally:
+        sock.close()  # the duplicate; the transport's own descriptor stays open
+    if sent < len(frame):
+        writer.write(frame[sent:])
 
 
 def _put(buf, offset: int, fmt: str, *values) -> None:

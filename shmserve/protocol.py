@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import socket
 import struct
 
@@ -197,7 +198,7 @@ def decode_bytes(buf, shape) -> np.ndarray:
 FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 << 20
 
-OP_HELLO = "hello"        # {version, pid, arena_bytes} -> lease and segment names
+OP_HELLO = "hello"        # {version, pid, arena_bytes} -> lease, control name; arena memfd attached
 OP_MODELS = "models"      # {} -> {models: [metadata...]}
 OP_METADATA = "metadata"  # {model, version?} -> metadata
 OP_CONFIG = "config"      # {model, version?} -> {config: text}
@@ -230,7 +231,30 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def recv_frame(sock: socket.socket) -> dict:
-    (length,) = FRAME_HEADER.unpack(recv_exact(sock, FRAME_HEADER.size))
-    if length > MAX_FRAME_BYTES:
-        raise ValueError(f"control frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
-    return unpack_body(recv_exact(sock, length))
+    return recv_frame_fds(sock, 0)[0]
+
+
+def recv_frame_fds(sock: socket.socket, max_fds: int = 1) -> tuple[dict, list[int]]:
+    """A frame and the descriptors sent with it (SCM_RIGHTS on its first bytes: the
+    hello reply carries the arena's memfd). The caller owns the descriptors."""
+    header, fds = b"", []
+    while len(header) < FRAME_HEADER.size:
+        if max_fds:
+            data, got, _, _ = socket.recv_fds(sock, FRAME_HEADER.size - len(header), max_fds)
+            fds += got
+        else:
+            data = sock.recv(FRAME_HEADER.size - len(header))
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionError("control socket closed by the peer")
+        header += data
+    (length,) = FRAME_HEADER.unpack(header)
+    try:
+        if length > MAX_FRAME_BYTES:
+            raise ValueError(f"control frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+        return unpack_body(recv_exact(sock, length)), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise

@@ -1,12 +1,15 @@
-"""POSIX shared-memory segments: names, creation, space checks, layouts, clean-up.
+"""Shared-memory segments: names, creation, space checks, layouts, clean-up.
 
-Only the coordinator creates and unlinks segments; the other roles open them.
+Only the coordinator creates and unlinks segments; the other roles open them. The
+control and server segments are named POSIX segments; each client's arena is a
+sealed memfd, handed over as a file descriptor.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -63,16 +66,21 @@ def shm_free_bytes() -> int:
     return st.f_bavail * st.f_frsize
 
 
+# An arena's size can never change: a caller that shrank its arena under the server
+# would make the server's next access to it a SIGBUS.
+ARENA_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+
+
 class Segment:
-    """A mapped POSIX shared-memory segment with its protocol operations (`ops`)."""
+    """A mapped shared-memory segment with its protocol operations (`ops`): a named
+    POSIX segment (control, server), or a sealed memfd (arenas, see `sealed`)."""
 
     def __init__(self, name: str, size: int | None = None, *, create: bool = False,
                  mode: int = 0o600, what: str = "segment"):
-        self.name = name
         if create:
             mem = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode)
             try:
-                _reserve(mem.fd, size, name, what)
+                _reserve(mem.fd, size, what)
             except BaseException:
                 os.close(mem.fd)
                 posix_ipc.unlink_shared_memory(name)
@@ -83,13 +91,57 @@ class Segment:
             if mem.size < size:
                 os.close(mem.fd)
                 raise ValueError(f"segment {name} holds {mem.size} bytes, expected {size}")
+        try:
+            self._map(name, mem.fd, size)
+        finally:
+            os.close(mem.fd)
+        self.fd = None
+
+    @classmethod
+    def sealed(cls, name: str, size: int, what: str) -> "Segment":
+        """A new anonymous segment (memfd) whose size is sealed: nobody, its client
+        included, can shrink or grow it. It has no name anyone could open; it travels
+        as the file descriptor `fd`, which stays open until close()."""
+        avail = mem_available_bytes()
+        if size > avail:
+            raise ShmSpaceError(_no_space(what, size, avail))
+        fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            _reserve(fd, size, what)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, ARENA_SEALS)
+            seg = cls.from_fd(fd, size, name)
+        except BaseException:
+            os.close(fd)
+            raise
+        seg.fd = fd
+        return seg
+
+    @classmethod
+    def from_fd(cls, fd: int, size: int, name: str) -> "Segment":
+        """Maps size bytes of an open descriptor (which the caller keeps or closes).
+        Refuses a file that is shorter, or whose size is not sealed (a peer could
+        shrink it under us)."""
+        st = os.fstat(fd)
+        if st.st_size < size:
+            raise ValueError(f"segment {name} holds {st.st_size} bytes, expected {size}")
+        if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & ARENA_SEALS != ARENA_SEALS:
+            raise ValueError(f"segment {name} is not sealed against resizing")
+        seg = cls.__new__(cls)
+        seg._map(name, fd, size)
+        seg.fd = None
+        return seg
+
+    def _map(self, name: str, fd: int, size: int) -> None:
+        self.name = name
         self.size = size
-        self.mmap = mmap.mmap(mem.fd, size)
-        os.close(mem.fd)
+        self.mmap = mmap.mmap(fd, size)
         self.ops = _core.Mapping(self.mmap)
         self.buffer = memoryview(self.mmap)
 
     def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
         if self.ops is None:
             return
         self.ops.release()
@@ -106,18 +158,32 @@ class Segment:
         unlink_quietly(self.name)
 
 
-def _reserve(fd: int, size: int, name: str, what: str) -> None:
-    """Allocate every page now: running out of /dev/shm later would be a SIGBUS."""
+def mem_available_bytes() -> int:
+    """MemAvailable of /proc/meminfo: what a new arena (a memfd, outside /dev/shm) may take."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 1 << 62
+
+
+def _no_space(what: str, size: int, free: int, where: str = "memory") -> str:
+    hint = (f"enlarge it (docker run --shm-size=1g, or mount -o remount,size=1G {SHM_DIR}) "
+            if where == str(SHM_DIR) else "")
+    return (f"not enough space in {where} for the {what} ({size / 2**20:.1f} MiB needed, "
+            f"{free / 2**20:.1f} MiB free); {hint}or ask for less")
+
+
+def _reserve(fd: int, size: int, what: str) -> None:
+    """Allocate every page now: running out of shared memory later would be a SIGBUS."""
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             raise
-        free = shm_free_bytes()
-        raise ShmSpaceError(
-            f"not enough space in {SHM_DIR} for the {what} ({size / 2**20:.1f} MiB needed, "
-            f"{free / 2**20:.1f} MiB free); enlarge it (docker run --shm-size=1g, or "
-            f"mount -o remount,size=1G {SHM_DIR}) or ask for less") from None
+        if os.fstat(fd).st_dev == os.stat(SHM_DIR).st_dev:
+            raise ShmSpaceError(_no_space(what, size, shm_free_bytes(), str(SHM_DIR))) from None
+        raise ShmSpaceError(_no_space(what, size, mem_available_bytes())) from None
 
 
 def unlink_quietly(name: str) -> None:

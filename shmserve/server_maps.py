@@ -51,9 +51,22 @@ class ServerMaps:
         raw = bytes(self.server.buffer[off + L["client_entry.segment"]:
                                        off + L["client_entry.segment"] + NAME_BYTES])
         size = self.srv.load64(off + L["client_entry.segment_bytes"])
+        path = raw.split(b"\0", 1)[0].decode()  # /proc/<coordinator>/fd/<memfd>
         try:
-            seg = Segment(raw.split(b"\0", 1)[0].decode(), size)
-        except Exception:  # unlinked in between: the lease just ended
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:  # closed in between: the lease just ended
+            return None
+        try:
+            seg = Segment.from_fd(fd, size, path)
+        except (OSError, ValueError):
+            return None
+        finally:
+            os.close(fd)
+        # The descriptor number may have been reused by a newer lease's arena since we
+        # read the table: the header, written by the coordinator, says whose it is.
+        if (seg.ops.load32(L["arena.client_id"]), seg.ops.load32(L["arena.generation"])) != \
+                (client_id, lease) or self.lease_of(client_id) != (ClientState.ALIVE, lease):
+            seg.close()
             return None
         layout = ArenaLayout(self.layout.slots_per_client, size)
         self._arenas[client_id] = (lease, seg, layout)

@@ -13,6 +13,7 @@ import pytest
 from helpers import SLEEPER_CODE, RawLease, assert_serving, python_config, write_model
 
 from shmserve import errors
+from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import SlotState, Status
 
@@ -194,12 +195,9 @@ def test_arena_header_overwritten_while_running(server_factory):
         raw.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 5, hostile shared memory: a caller can shrink its own arena (ftruncate on "
-                   "the shm segment it opened read-write) while the server works on it; the "
-                   "worker's next access to that mapping is a SIGBUS and the worker dies "
-                   "(segments.Segment maps a plain POSIX shm object; no seals, no SIGBUS "
-                   "handling)")
 def test_arena_truncated_by_its_client(server_factory):
+    """Arenas are memfds sealed against shrinking: ftruncate fails (EPERM), so no
+    caller can make the server's mapping of its arena SIGBUS."""
     server = server_factory(setup=with_sleeper)
     victim = server.client(arena_bytes=1 << 20)
     before = server.members()
@@ -209,6 +207,8 @@ def test_arena_truncated_by_its_client(server_factory):
     proc.start()
     try:
         assert ready.wait(30)
+        proc.join(10)  # it returns at once if the truncation was refused
+        assert proc.exitcode == 0, "a caller could shrink its own arena (ftruncate succeeded)"
         time.sleep(1.0)  # the sleeper wakes up and writes its output
         x = np.array([[0.0, 1.0]], np.float32)
         np.testing.assert_array_equal(victim.infer("sleeper", [x], timeout=3)["OUTPUT0"], x)
@@ -309,7 +309,7 @@ MALFORMED_CONTROL = {
     "not a map": __import__("msgpack").packb([1, 2]),
     "unknown op": __import__("msgpack").packb({"op": "format_disk"}),
     "arena size not a number": __import__("msgpack").packb(
-        {"op": "hello", "version": 1, "arena_bytes": "lots"}),
+        {"op": "hello", "version": P.PROTOCOL_VERSION, "arena_bytes": "lots"}),
     "wrong protocol version": __import__("msgpack").packb(
         {"op": "hello", "version": 99, "arena_bytes": 4096}),
     "version not a number": __import__("msgpack").packb(
@@ -346,7 +346,7 @@ def test_infinite_arena_request_gets_an_error_reply(main_server):
     sock.connect(str(main_server.socket_path))
     sock.settimeout(10)
     try:
-        reply = _exchange(sock, msgpack.packb({"op": "hello", "version": 1,
+        reply = _exchange(sock, msgpack.packb({"op": "hello", "version": P.PROTOCOL_VERSION,
                                                "arena_bytes": float("inf")}))
         assert reply["ok"] is False and "arena" in reply["error"]
     finally:

@@ -36,7 +36,7 @@ PINNED = {
     "NAME_BYTES": 64,
     "MAX_BATCH_REQUESTS": 256,
     "DATA_ALIGN": 64,
-    "PROTOCOL_VERSION": 1,
+    "PROTOCOL_VERSION": 2,
     "MAGIC_CONTROL": int.from_bytes(b"SHMSCTL1", "little"),
     "MAGIC_ARENA": int.from_bytes(b"SHMSARN1", "little"),
     "MAGIC_SERVER": int.from_bytes(b"SHMSSRV1", "little"),

@@ -1,5 +1,5 @@
 /*
- * shmserve.h — the shared-memory protocol of shmserve, version 1.
+ * shmserve.h — the shared-memory protocol of shmserve, version 2.
  *
  * This header is the single source of the layout, constants and memory ordering
  * of every structure shared between processes. The Python extension
@@ -20,7 +20,9 @@
  * Segments (names in docs/protocol.md):
  *   control  (server creates; clients map read-write): shms_control + request ring.
  *   arena    (server creates, one per client lease; that client maps read-write):
- *            shms_arena_header + request slots + the client's tensor data.
+ *            shms_arena_header + request slots + the client's tensor data. A memfd
+ *            sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), sent
+ *            with the hello reply (SCM_RIGHTS): no name, and no way to SIGBUS the server.
  *   server   (server-private; clients never receive its name): client table, model
  *            table, validated request copies, worker mailboxes.
  */
@@ -74,7 +76,7 @@ using namespace shms_detail;
 #define SHMS_MAGIC_CONTROL 0x314c5443534d4853ULL /* "SHMSCTL1" little-endian */
 #define SHMS_MAGIC_ARENA 0x314e5241534d4853ULL   /* "SHMSARN1" */
 #define SHMS_MAGIC_SERVER 0x31565253534d4853ULL  /* "SHMSSRV1" */
-#define SHMS_PROTOCOL_VERSION 1u
+#define SHMS_PROTOCOL_VERSION 2u
 
 #define SHMS_MAX_TENSORS 16         /* inputs per request, and outputs per request */
 #define SHMS_MAX_DIMS 8             /* rank of a tensor, batch dimension included */
@@ -246,7 +248,7 @@ typedef struct shms_client_entry {
   uint32_t pid;
   uint32_t uid;
   uint64_t segment_bytes;
-  char segment[SHMS_NAME_BYTES]; /* arena segment name */
+  char segment[SHMS_NAME_BYTES]; /* how server processes open the arena: /proc/<coordinator>/fd/<memfd> */
 } shms_client_entry;
 
 typedef struct shms_tensor_spec {

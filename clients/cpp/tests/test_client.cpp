@@ -150,7 +150,7 @@ void test_vectors(const std::string &path) {
   shmserve::Reply err = shmserve::decode_frame(unhex(vector_hex(json, "error_reply_frame")));
   CHECK(!err.ok(), "error reply decodes as ok");
   expect_error<shmserve::InvalidArgumentError>("error reply", [&] { err.raise_if_failed(); },
-                                               "protocol version 2 not supported", shmserve::Status::INVALID_ARG);
+                                               "protocol version 1 not supported", shmserve::Status::INVALID_ARG);
   shmserve::Reply meta = shmserve::decode_frame(unhex(vector_hex(json, "metadata_reply_frame")));
   shmserve::ModelInfo m = shmserve::parse_model(meta.root());
   CHECK(meta.ok() && m.id == 2 && m.name == "simple" && m.version == 1 && m.max_batch_size == 8 &&

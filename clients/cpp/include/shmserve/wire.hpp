@@ -357,8 +357,11 @@ class ControlSocket {
   bool is_open() const { return fd_ >= 0; }
 
   /// Sends one request frame and returns the reply (typed error on `ok: false`).
-  Reply call(const std::string &request) {
+  /// With received_fd, a descriptor sent along with the reply (SCM_RIGHTS: the hello
+  /// reply carries the arena's memfd) is stored there, -1 if none; the caller owns it.
+  Reply call(const std::string &request, int *received_fd = nullptr) {
     if (fd_ < 0) throw ServerDeadError("the client is closed");
+    if (received_fd) *received_fd = -1;
     const char *p = request.data();
     size_t left = request.size();
     while (left) {
@@ -369,7 +372,12 @@ class ControlSocket {
       left -= static_cast<size_t>(n);
     }
     char header[4];
-    read_exact(header, 4);
+    if (received_fd) {
+      size_t got = 0;
+      while (got < 4) got += recv_with_fd(header + got, 4 - got, received_fd);
+    } else {
+      read_exact(header, 4);
+    }
     uint32_t len;
     std::memcpy(&len, header, 4);
     len = ntohl(len);
@@ -377,6 +385,10 @@ class ControlSocket {
     std::string body(len, '\0');
     read_exact(body.data(), len);
     Reply r(body.data(), body.size());
+    if (received_fd && *received_fd >= 0 && !r.ok()) {
+      ::close(*received_fd);
+      *received_fd = -1;
+    }
     r.raise_if_failed();
     return r;
   }
@@ -392,6 +404,30 @@ class ControlSocket {
   }
 
  private:
+  /// One recvmsg of up to n bytes; keeps the first descriptor that comes with it.
+  size_t recv_with_fd(char *p, size_t n, int *fd_out) {
+    for (;;) {
+      iovec iov{p, n};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) throw ServerDeadError("control socket closed by the server");
+      for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+        if (*fd_out < 0) *fd_out = fd;
+        else ::close(fd);
+      }
+      return static_cast<size_t>(r);
+    }
+  }
+
   void read_exact(char *p, size_t n) {
     while (n) {
       ssize_t r = ::recv(fd_, p, n, 0);

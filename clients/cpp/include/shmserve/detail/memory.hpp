@@ -117,6 +117,23 @@ struct Mapping {
     ::close(fd);
     if (base == MAP_FAILED) throw ServerDeadError("cannot map segment " + name + ": " + std::strerror(e));
   }
+  /// Maps `want` bytes of a received arena descriptor (a memfd) and closes it. The
+  /// server seals its size; a descriptor without those seals is refused.
+  void map_fd(int fd, uint64_t want) {
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    const int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < want || seals < 0 ||
+        (seals & need) != need) {
+      ::close(fd);
+      throw ProtocolError("arena descriptor is smaller than announced or not sealed");
+    }
+    size = want;
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    ::close(fd);
+    if (base == MAP_FAILED) throw ServerDeadError(std::string("cannot map the arena: ") + std::strerror(e));
+  }
 };
 
 }  // namespace detail
