@@ -296,6 +296,7 @@ class Batcher:
         srv.store32_many(mb + L["mailbox.shadow"], [p.shadow for p in batch])
         srv.store32(mb + L["mailbox.model_id"], q.model_id)
         srv.store32(mb + L["mailbox.n"], len(batch))
+        srv.store32(mb + L["mailbox.attempt"], 0)
         queue_ns = 0
         for p in batch:
             p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)

@@ -36,6 +36,12 @@ class TensorSpec:
         return next(k for k, v in DTYPE_CODES.items() if v == self.dtype)
 
 
+# A model whose execution has no side effects may declare (config.pbtxt):
+#   parameters { key: "shmserve.retry_on_worker_crash" value { string_value: "true" } }
+# and a batch whose worker dies is run once more by its successor instead of failing.
+RETRY_PARAMETER = "shmserve.retry_on_worker_crash"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -51,6 +57,7 @@ class ModelSpec:
     max_queue_delay_us: int
     parameters: dict
     config_text: str
+    retry_on_worker_crash: bool = False  # re-run a batch once if its worker died in it
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -178,12 +185,17 @@ def load_model(model_dir: Path) -> list[ModelSpec]:
     if os.sep in model_file or model_file in ("..", "."):
         raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a file name")
     params = {k: v.string_value for k, v in cfg.parameters.items()}
+    retry = params.get(RETRY_PARAMETER, "false").strip().lower()
+    if retry not in ("true", "false"):
+        raise ConfigError(f'{where}: parameters "{RETRY_PARAMETER}" must be "true" or "false", '
+                          f"got {params[RETRY_PARAMETER]!r}")
     return [
         ModelSpec(name=name, version=v, backend=backend, path=str(model_dir / str(v) / model_file),
                   max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=outputs,
                   instance_count=count, dynamic_batching=dyn, preferred_batch_sizes=preferred,
                   max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
-                  parameters=params, config_text=text_format.MessageToString(cfg))
+                  parameters=params, config_text=text_format.MessageToString(cfg),
+                  retry_on_worker_crash=retry == "true")
         for v in _versions(model_dir, cfg, model_file, where)
     ]
 

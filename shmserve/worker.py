@@ -60,16 +60,27 @@ class Worker:
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
         self.backend = load_backend(self.spec)
-        self.answer_orphaned_batch()
+        self.take_over_orphaned_batch()
         self.maps.srv.store32(self.mailbox + L["mailbox.pid"], os.getpid())
         self.maps.ring_batcher()  # it may hold requests for this model already
 
-    def answer_orphaned_batch(self) -> None:
-        """A predecessor that died mid-batch left its mailbox ASSIGNED: those callers
-        get an error now rather than never."""
+    def take_over_orphaned_batch(self) -> None:
+        """A predecessor that died mid-batch left its mailbox ASSIGNED. A model that
+        declares retry_on_worker_crash has it run once more; otherwise, or if it
+        already was (the batch may be what kills workers), its callers get an error now
+        rather than never."""
+        srv, mb = self.maps.srv, self.mailbox
+        if srv.load32(mb + L["mailbox.state"]) == 0:
+            return
+        if self.spec.retry_on_worker_crash and srv.load32(mb + L["mailbox.attempt"]) == 0:
+            srv.store32(mb + L["mailbox.attempt"], 1)
+            log.warning("re-running the batch a dead worker held (retry_on_worker_crash)")
+            self.run_mailbox(again=True)
+            return
+        again = " again" if self.spec.retry_on_worker_crash else ""
         self.maps.fail_batch(self.index, self.model_id,
                              f"model '{self.spec.name}': the worker executing this request "
-                             "died; it was restarted")
+                             f"died{again}; it was restarted")
 
     # -- 2. serve -------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -85,19 +96,24 @@ class Worker:
                     return
                 continue
             spin.record(time.monotonic_ns() - started)
-            n = srv.load32(self.mailbox + L["mailbox.n"])
-            base = self.mailbox + L["mailbox.shadow"]
-            shadows = [srv.load32(base + 4 * i) for i in range(min(n, L["MAX_BATCH_REQUESTS"]))]
-            self.run_batch(shadows)
-            srv.add64(self.mailbox + L["mailbox.batches_done"], 1)
-            srv.store32(state, 0)  # IDLE
+            self.run_mailbox()
             # SYNC POINT: pairs with the batcher's store of batcher_waiting then re-check
             # of our state (seq_cst both): it is woken only when it has work waiting.
             if srv.load32(waiting):
                 srv.store32(waiting, 0)
                 self.maps.ring_batcher()
 
-    def run_batch(self, shadows: list[int]) -> None:
+    def run_mailbox(self, again: bool = False) -> None:
+        """Runs the batch in our mailbox, then marks it IDLE."""
+        srv = self.maps.srv
+        n = srv.load32(self.mailbox + L["mailbox.n"])
+        base = self.mailbox + L["mailbox.shadow"]
+        shadows = [srv.load32(base + 4 * i) for i in range(min(n, L["MAX_BATCH_REQUESTS"]))]
+        self.run_batch(shadows, again)
+        srv.add64(self.mailbox + L["mailbox.batches_done"], 1)
+        srv.store32(self.mailbox + L["mailbox.state"], 0)  # IDLE
+
+    def run_batch(self, shadows: list[int], again: bool = False) -> None:
         live = []
         for index in shadows:
             req = Request(self.maps, index)
@@ -106,7 +122,7 @@ class Worker:
                 continue
             req.arena, layout = mapped
             req.slot_off = layout.slot(req.slot)
-            if req.arena.ops.set_running(req.slot_off, req.generation):
+            if req.arena.ops.set_running(req.slot_off, req.generation, again):
                 live.append(req)
         if not live:
             return

@@ -28,7 +28,7 @@ PINNED = {
     "client_entry.size": 88,
     "tensor_spec.size": 136,
     "shadow.size": 24 + 32 + 2 * 16 * 96,
-    "mailbox.size": 32 + 4 * 256,
+    "mailbox.size": 40 + 4 * 256,
     "server.size": 80,
     "MAX_TENSORS": 16,
     "MAX_DIMS": 8,

@@ -198,6 +198,59 @@ def test_worker_restarted_after_crash_serves_again(server_factory):
                 raise
 
 
+RETRY = 'parameters { key: "shmserve.retry_on_worker_crash" value { string_value: "true" } }'
+FLAKY_CODE = '''
+import os
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        marker = {marker!r}
+        if not os.path.exists(marker):  # the first execution ever dies mid-batch
+            open(marker, "w").close()
+            os._exit(9)
+        return {{"OUTPUT0": inputs["INPUT0"].copy()}}
+'''
+
+
+def test_retry_safe_model_reruns_the_batch_of_a_dead_worker(server_factory, tmp_path):
+    """retry_on_worker_crash: the restarted worker runs the batch again; the caller
+    gets its answer, not an error."""
+    marker = tmp_path / "died-once"
+
+    def setup(repo):
+        write_model(repo, "flaky", python_config("flaky", "FP32", (-1,), dynamic_batching=None,
+                                                 extra=RETRY), FLAKY_CODE.format(marker=str(marker)))
+    server = server_factory(setup=setup)
+    c = server.client(arena_bytes=1 << 20)
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    np.testing.assert_array_equal(c.infer("flaky", [x], timeout=30)["OUTPUT0"], x)
+    assert marker.exists()  # it did die once
+    assert "re-running the batch" in server.log(4000)
+
+
+def test_retry_safe_model_fails_a_batch_that_kills_twice(server_factory):
+    """A batch that kills its worker again on the re-run is answered with an error:
+    one retry, never a loop."""
+    def setup(repo):
+        write_model(repo, "crasher", python_config("crasher", "FP32", (-1,), dynamic_batching=None,
+                                                   extra=RETRY), CRASHER_CODE)
+    server = server_factory(setup=setup)
+    c = server.client(arena_bytes=1 << 20)
+    with pytest.raises(errors.UnavailableError, match="died again"):
+        c.infer("crasher", [np.array([[-1.0]], np.float32)], timeout=30)
+    assert_serving(c)
+
+
+def test_retry_parameter_must_be_a_boolean(tmp_path):
+    from shmserve.errors import ConfigError
+    from shmserve.repository import load_repository
+
+    write_model(tmp_path, "m", python_config("m", extra=RETRY.replace('"true"', '"sometimes"')),
+                CRASHER_CODE)
+    with pytest.raises(ConfigError, match="shmserve.retry_on_worker_crash"):
+        load_repository(tmp_path)
+
+
 # ---------------------------------------------------------------- refused starts
 
 def test_second_server_with_same_name_is_refused(server_factory):

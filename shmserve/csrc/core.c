@@ -501,10 +501,11 @@ static PyObject *m_stamp(Mapping *self, PyObject *args) {
 static PyObject *m_set_running(Mapping *self, PyObject *args) {
   unsigned long long off;
   unsigned int gen;
-  if (!PyArg_ParseTuple(args, "KI", &off, &gen)) return NULL;
+  int again = 0; /* a successor re-running its predecessor's batch: RUNNING -> RUNNING */
+  if (!PyArg_ParseTuple(args, "KI|p", &off, &gen, &again)) return NULL;
   shms_slot *s = slot_at(self, off);
   if (!s) return NULL;
-  uint32_t expected = SHMS_SLOT_QUEUED;
+  uint32_t expected = again ? SHMS_SLOT_RUNNING : SHMS_SLOT_QUEUED;
   if (s->generation != gen) Py_RETURN_FALSE;
   int ok = shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_RUNNING);
   s->t_ns[SHMS_T_COMPUTE_START] = shms_now_ns();
@@ -623,7 +624,8 @@ static PyMethodDef mapping_methods[] = {
     {"write_request", (PyCFunction)m_write_request, METH_VARARGS, "Client: fill a slot."},
     {"read_result", (PyCFunction)m_read_result, METH_O, "Client: read a DONE slot."},
     {"take", (PyCFunction)m_take, METH_VARARGS, "Batcher: claim, copy and validate."},
-    {"set_running", (PyCFunction)m_set_running, METH_VARARGS, "Worker: QUEUED -> RUNNING."},
+    {"set_running", (PyCFunction)m_set_running, METH_VARARGS,
+     "Worker: QUEUED -> RUNNING (RUNNING again when re-running a dead worker's batch)."},
     {"complete", (PyCFunction)m_complete, METH_VARARGS, "Server: answer a slot."},
     {"stamp", (PyCFunction)m_stamp, METH_VARARGS, "Record a timestamp in a slot."},
     {NULL}};
@@ -752,6 +754,7 @@ static PyObject *f_layout(PyObject *m, PyObject *unused) {
   ADD(d, "mailbox.pid", offsetof(shms_mailbox, pid));
   ADD(d, "mailbox.batcher_waiting", offsetof(shms_mailbox, batcher_waiting));
   ADD(d, "mailbox.batches_done", offsetof(shms_mailbox, batches_done));
+  ADD(d, "mailbox.attempt", offsetof(shms_mailbox, attempt));
   ADD(d, "mailbox.shadow", offsetof(shms_mailbox, shadow));
   ADD(d, "server.size", sizeof(shms_server_header));
   ADD(d, "server.clients_offset", offsetof(shms_server_header, clients_offset));

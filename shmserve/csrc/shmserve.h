@@ -303,6 +303,8 @@ typedef struct shms_mailbox {
   uint32_t pid; /* worker's pid, 0 until it started */
   SHMS_ATOMIC(uint32_t) batcher_waiting; /* batcher has work for this model: ring when idle */
   uint64_t batches_done;
+  uint32_t attempt; /* 0 when handed over; 1 while a successor re-runs it (retry_on_worker_crash) */
+  uint32_t reserved;
   uint32_t shadow[SHMS_MAX_BATCH_REQUESTS]; /* indices into the shadow table */
 } shms_mailbox;
 
@@ -345,7 +347,7 @@ SHMS_STATIC_ASSERT(offsetof(shms_arena_header, completions) == 64, "completions 
 SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 24 + sizeof(shms_request), "shms_shadow size");
-SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 32 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
+SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 40 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
 SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 80, "shms_server_header size");
 
 /* ------------------------------------------------------------- futex and clock */
