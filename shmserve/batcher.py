@@ -284,6 +284,8 @@ class Batcher:
         """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""
         while q.queue:
             p = q.queue.popleft()
+            if p.arena.ops is None:  # its lease ended: nobody to answer
+                continue
             client_id, slot, gen, _, _, _, _ = self.maps.srv.read_shadow(
                 self.maps.layout.shadow_at(p.shadow))
             p.arena.ops.complete(p.slot_off, gen, int(Status.UNAVAILABLE),
@@ -292,6 +294,10 @@ class Batcher:
             self.maps.model_add(q.model_id, "request_failure", 1)
 
     def hand_over(self, q: ModelQueue, worker: int, batch: list[Pending], now: int) -> None:
+        # A request whose lease ended while queued has no arena any more (unmapped).
+        batch = [p for p in batch if p.arena.ops is not None]
+        if not batch:
+            return
         srv, mb = self.maps.srv, self.maps.layout.mailbox(worker)
         srv.store32_many(mb + L["mailbox.shadow"], [p.shadow for p in batch])
         srv.store32(mb + L["mailbox.model_id"], q.model_id)
@@ -320,6 +326,7 @@ class Batcher:
             if now_ns() >= self.sweep_at:
                 if self.sweep():
                     log.warning("request ring: took requests whose ring entries were lost")
+                self.maps.drop_ended_leases()
                 self.sweep_at = now_ns() + SWEEP_NS
             deadline = self.dispatch()
             if self.stall is not None:  # come back when the stalled claim's grace ends

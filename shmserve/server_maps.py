@@ -72,6 +72,13 @@ class ServerMaps:
         self._arenas[client_id] = (lease, seg, layout)
         return seg, layout
 
+    def drop_ended_leases(self) -> None:
+        """Unmaps the arenas of leases that ended: an arena's memory is freed only when
+        its last mapping goes, and a client id may not come back for a long time."""
+        for client_id, (lease, _, _) in list(self._arenas.items()):
+            if self.lease_of(client_id) != (ClientState.ALIVE, lease):
+                self._drop(client_id)
+
     def _drop(self, client_id: int) -> None:
         _, seg, _ = self._arenas.pop(client_id)
         seg.close()

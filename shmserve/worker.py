@@ -94,6 +94,7 @@ class Worker:
             if not srv.doorbell_wait(state, sleeping, 0, spin.budget_ns(), 200_000_000):
                 if not self.maps.parent_alive():
                     return
+                self.maps.drop_ended_leases()
                 continue
             spin.record(time.monotonic_ns() - started)
             self.run_mailbox()

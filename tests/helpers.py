@@ -507,3 +507,39 @@ def truncating_client(socket_path: str, ready) -> None:
         ready.set()
         return
     time.sleep(60)
+
+
+def doomed_clients(socket_path: str, name: str, count: int, at_once: int = 8) -> int:
+    """Run in a process of its own: `count` children, `at_once` alive at a time, each
+    opens a lease, submits a request to the sleeper and is SIGKILLed (by itself) with
+    the request in flight. Forked, so each death costs milliseconds. Returns how many
+    children did not die that way (a client that failed before its request)."""
+    import signal
+
+    def child() -> None:
+        c = shmserve.Client(name, socket_path_=socket_path, arena_bytes=64 << 10)
+        c.submit("sleeper", {"INPUT0": np.array([[0.01]], np.float32)})
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    alive: set[int] = set()
+    failed = 0
+
+    def reap() -> None:
+        nonlocal failed
+        pid, status = os.wait()
+        alive.discard(pid)
+        failed += not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL)
+
+    for _ in range(count):
+        while len(alive) >= at_once:
+            reap()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child()
+            finally:
+                os._exit(3)  # only reached if the client failed: counted by the parent
+        alive.add(pid)
+    while alive:
+        reap()
+    return failed

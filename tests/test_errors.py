@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -117,6 +118,41 @@ def test_arena_larger_than_server_allows(main_server):
         shmserve.Client(main_server.name, socket_path_=str(main_server.socket_path),
                         arena_bytes=1 << 41)
     assert "--max-arena-bytes" in e.value.msg and str(1 << 40) in e.value.msg, e.value.msg
+
+
+@pytest.mark.timeout(300)
+def test_a_thousand_caller_deaths_leave_every_lease_free(server_factory):
+    """1000 clients SIGKILLed with a request in flight: every lease ends, every arena
+    is released by the coordinator and unmapped by the batcher and the workers, and no
+    server process dies."""
+    import subprocess
+    import sys
+
+    import helpers
+
+    server = server_factory(setup=lambda repo: helpers.write_model(
+        repo, "sleeper", helpers.python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
+        helpers.SLEEPER_CODE), args=["--max-clients", "1024", "--slots-per-client", "4"])
+    before = server.members()
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import helpers; "
+            f"print(helpers.doomed_clients({str(server.socket_path)!r}, {server.name!r}, 1000))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0 and r.stdout.strip() == "0", (r.stdout, r.stderr[-2000:])
+
+    def arena_mappings() -> dict[int, int]:
+        out = {}
+        for pid in server.members():
+            try:
+                maps = Path(f"/proc/{pid}/maps").read_text()
+            except OSError:
+                continue
+            out[pid] = maps.count("memfd:shmserve-arena-")
+        return out
+
+    assert helpers.wait_until(lambda: not server.arenas(), 20), server.arenas()
+    assert helpers.wait_until(lambda: not any(arena_mappings().values()), 20), arena_mappings()
+    assert server.members() == before, "a server process died:\n" + server.log(2000)
+    assert_serving(server.client(arena_bytes=1 << 20))
 
 
 def test_arena_larger_than_available_memory(main_server):
