@@ -20,6 +20,7 @@ log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_NS = 100_000_000  # wake at least this often to notice a dead coordinator
 RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
 SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
+SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claims are skipped at once
 
 
 @dataclasses.dataclass
@@ -88,7 +89,7 @@ class Batcher:
             self.models.append(ModelQueue(model_id, ModelSpec.from_dict(d), workers))
         self.ring = RingConsumer(self.maps.ctl, self.maps.srv.load64(L["server.ring_pos"]))
         self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
-        self.suspects: dict[int, int] = {}  # client id -> lease that stalled the ring once
+        self.suspects: dict[int, tuple[int, int]] = {}  # client id -> (lease, suspect until ns)
         self.sweep_at = now_ns() + SWEEP_NS
         self.damage_logged_at = 0
 
@@ -160,19 +161,22 @@ class Batcher:
         """The ring head is claimed by `owner` and not published. Skip it if that
         lease is dead, if the owner is no client at all (a forged claim), or once it
         has held the head for RING_STALL_NS: then the owner's publish fails and a live
-        client pushes again. A lease caught stalling once is skipped at once after."""
+        client pushes again. A lease caught stalling is skipped at once for SUSPECT_NS."""
         if owner >= self.maps.layout.max_clients:
             return True
         state, lease = self.maps.lease_of(owner)
-        if state != ClientState.ALIVE or self.suspects.get(owner) == lease:
-            return True
         now = now_ns()
+        suspect = self.suspects.get(owner)
+        if state != ClientState.ALIVE or (suspect and suspect[0] == lease and now < suspect[1]):
+            return True
         if self.stall is None or self.stall[0] != (self.ring.pos, head_seq):
             self.stall = ((self.ring.pos, head_seq), now)
             return False
         if now - self.stall[1] < RING_STALL_NS:
             return False
-        self.suspects[owner] = lease
+        # The owner in a claim word is not authenticated (a client may forge another's
+        # id): the suspicion lapses, and a skipped honest client just pushes again.
+        self.suspects[owner] = (lease, now + SUSPECT_NS)
         self.ring_damaged(f"client {owner} held a ring claim unpublished for "
                           f"{(now - self.stall[1]) / 1e6:.0f} ms")
         return True

@@ -27,7 +27,7 @@ def cmd_serve(args) -> int:
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                            log_level=args.log_level.upper()))
+                            log_level=args.log_level.upper(), group=args.group))
 
 
 def cmd_models(args) -> int:
@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--load-timeout", type=float, default=120.0,
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--group", default=None, metavar="GROUP",
+                   help="also serve clients of this group (other uids): the control socket and "
+                        "control segment become group read-write, the runtime directory "
+                        "group-traversable; the server's user must be a member")
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("models", help="list loaded models, their state and statistics")

@@ -36,6 +36,7 @@ WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waitin
 SPIN_US = 100  # a caller spins at least this long for its answer before it sleeps
 MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that long
 RING_FULL_WAIT_S = 0.1  # a full ring (only a client breaking it makes one) is retried this long
+RING_MAX_PUSHES = 100  # then the request is refused as BUSY
 
 
 class InferResult(collections.abc.Mapping):
@@ -400,29 +401,39 @@ class Client:
         with self._lock:
             self._inflight[slot] = req
         self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
-        rc = self._push(slot, gen)
+        try:
+            rc = self._push(slot, gen)
+        except errors.ServerDeadError:
+            rc = None
         # The slot goes back to FREE only if the batcher has not taken it meanwhile
         # (its sweep takes SUBMITTED requests the ring lost): then it is in flight.
         if rc != P.RingResult.OK and self._ops.cas32(slot_off, P.SlotState.SUBMITTED, P.SlotState.FREE):
             with self._lock:
                 del self._inflight[slot]
             self._release_slot(slot)
+            if rc is None:
+                self._check_server()  # says why (the lease or the server ended)
+                raise errors.ServerDeadError(f"server '{self.name}' ended this client's lease")
             if rc == P.RingResult.FULL:
                 raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
-            raise errors.ServerDeadError("the server revoked this client's lease")
+            raise errors.BusyError(f"server '{self.name}': the batcher skipped this client's ring "
+                                   f"entry {RING_MAX_PUSHES} times (another client is damaging "
+                                   "the ring); retry later")
 
     def _push(self, slot: int, gen: int) -> int:
         """Pushes the entry and rings the batcher. RECLAIMED (our claim was skipped:
-        dead lease, or held past the batcher's grace) is retried a few times; FULL,
-        which an honest ring never is (it holds every slot of every client), for up to
-        RING_FULL_WAIT_S while the batcher repairs the ring."""
+        held past the batcher's grace, or our lease ended) is retried while the lease
+        lives; FULL, which an honest ring never is (it holds every slot of every
+        client), for up to RING_FULL_WAIT_S while the batcher repairs the ring."""
         deadline = None
-        for attempt in range(1000):
+        for attempt in range(RING_MAX_PUSHES):
             rc = self._ring.push(self.client_id, slot, gen)
             # SYNC POINT: wakes the batcher sleeping in doorbell_wait on control.doorbell.
             self._ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
-            if rc == P.RingResult.OK or (rc == P.RingResult.RECLAIMED and attempt >= 3):
+            if rc == P.RingResult.OK:
                 return rc
+            if rc == P.RingResult.RECLAIMED and attempt % 8 == 7:
+                self._check_server()  # raises if the lease ended: that is why
             if rc == P.RingResult.FULL:
                 now = time.monotonic()
                 deadline = deadline or now + RING_FULL_WAIT_S

@@ -21,9 +21,9 @@ from . import protocol as P
 from .errors import ConfigError, ShmServeError, ShmSpaceError
 from .protocol import LAYOUT as L
 from .repository import ModelSpec, load_repository
-from .segments import (ArenaLayout, Segment, ServerLayout, control_size, init_control,
-                       new_prefix, pid_alive, read_record, record_path, remove_segments,
-                       socket_path, unlink_quietly, write_record)
+from .segments import (SHM_DIR, ArenaLayout, Segment, ServerLayout, control_size, in_group,
+                       init_control, new_prefix, pid_alive, read_record, record_path,
+                       remove_segments, resolve_group, share_with_group, socket_path, write_record)
 
 log = logging.getLogger("shmserve.coordinator")
 LEASE_QUARANTINE_S = 5.0  # a dead lease's id is not reused before in-flight work drains
@@ -44,6 +44,7 @@ class ServeOptions:
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
     log_level: str = "INFO"
+    group: str | None = None  # let this group's members be clients (socket, control segment)
 
 
 class AlreadyRunningError(ShmServeError):
@@ -76,6 +77,7 @@ class Coordinator:
         self.owns_name = False  # until claim_name: a refused start removes nothing
         self.connections: set[asyncio.StreamWriter] = set()
         self._arena_counter = 0
+        self.gid: int | None = None  # --group: its members may be clients too
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -114,6 +116,9 @@ class Coordinator:
         self.server = Segment(self.prefix + "-srv", self.layout.size, create=True,
                               what="server segment (--max-clients x --slots-per-client)")
         init_control(self.control.buffer, self.control.ops, ring, os.getpid())
+        if self.gid is not None:  # group clients map the control segment and reach the socket
+            share_with_group(SHM_DIR / self.control.name.lstrip("/"), self.gid, 0o660)
+            share_with_group(self.sock_path.parent, self.gid, 0o710)
         lay, s = self.layout, self.server.buffer
         _put(s, 0, "<QIIIIII", L["MAGIC_SERVER"], L["PROTOCOL_VERSION"], lay.max_clients,
              lay.slots_per_client, lay.n_models, lay.n_workers, 0)
@@ -329,7 +334,9 @@ class Coordinator:
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         pid, uid, _ = struct.unpack("<iII", creds)
         lease = {"pid": pid, "uid": uid, "client_id": None}
-        if uid not in (os.getuid(), 0):
+        gid = struct.unpack("<iII", creds)[2]
+        if uid not in (os.getuid(), 0) and not (
+                self.gid is not None and in_group(uid, gid, pid, self.gid)):
             writer.close()
             return
         self.connections.add(writer)
@@ -447,6 +454,9 @@ class Coordinator:
             loop.add_signal_handler(sig, stop.set)
         server = await asyncio.start_unix_server(self.on_connection, path=str(self.sock_path))
         os.chmod(self.sock_path, 0o600)
+        if self.gid is not None:
+            share_with_group(self.sock_path, self.gid, 0o660)
+            log.info("clients of group %s (gid %d) are allowed", self.opts.group, self.gid)
         self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
         for model_id, spec in enumerate(self.specs):
             log.info("model '%s' version %d: %s (%s, %d instance%s, max_batch_size %d)",
@@ -505,6 +515,11 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
     logging.basicConfig(level=opts.log_level, format="[shmserve] %(message)s")
     coord = Coordinator(opts)
     try:
+        if opts.group is not None:
+            try:
+                coord.gid = resolve_group(opts.group)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         coord.claim_name()
         coord.specs = load_repository(opts.model_repository)
         coord.create_segments()
@@ -518,6 +533,9 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
         return 0
     except (ConfigError, ShmSpaceError, AlreadyRunningError) as e:
         log.error("%s", e.msg)
+        return 2
+    except PermissionError as e:  # --group the server's user is not a member of
+        log.error("%s", e)
         return 2
     finally:
         coord.shutdown()

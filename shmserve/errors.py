@@ -63,7 +63,7 @@ class ConfigError(ShmServeError):
 
 
 class ShmSpaceError(ShmServeError):
-    """Not enough room in /dev/shm for a segment."""
+    """Not enough shared memory for a segment (/dev/shm for the named ones, memory for arenas)."""
 
     code = P.Status.UNAVAILABLE
 

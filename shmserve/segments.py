@@ -43,9 +43,49 @@ def runtime_dir() -> Path:
         path = Path(f"/tmp/shmserve-{os.getuid()}")
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise PermissionError(f"{path} must be owned by uid {os.getuid()} with mode 0700")
+    # Group access (0710) is granted only by `serve --group`; others never get any.
+    if st.st_uid != os.getuid() or st.st_mode & 0o067:
+        raise PermissionError(f"{path} must be owned by uid {os.getuid()} with mode 0700 "
+                              "(0710 when a server shares it with a group)")
     return path
+
+
+def resolve_group(group: str) -> int:
+    """The gid of `serve --group` (a name or a number), or ValueError naming it."""
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        if group.isdigit():
+            return int(group)
+        raise ValueError(f"--group {group!r}: no such group") from None
+
+
+def share_with_group(path: Path, gid: int, mode: int) -> None:
+    """Gives `gid` access to a file this server created (socket, control segment,
+    runtime directory). The server's user must belong to that group (or be root)."""
+    try:
+        os.chown(path, -1, gid)
+        os.chmod(path, mode)
+    except PermissionError:
+        raise PermissionError(f"cannot give group {gid} access to {path}: the server's user "
+                              "must be a member of that group") from None
+
+
+def in_group(uid: int, gid: int, pid: int, group: int) -> bool:
+    """Whether a peer (SO_PEERCRED uid, gid, pid) belongs to `group`: its primary
+    group, or a supplementary one from /proc/<pid>/status."""
+    if gid == group:
+        return True
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return str(group) in line.split()[1:]
+    except OSError:
+        pass
+    return False
 
 
 def socket_path(name: str) -> Path:

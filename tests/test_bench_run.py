@@ -10,7 +10,6 @@ import pytest
 
 import helpers
 from shmserve.benchmark import BenchConfig, report, run_benchmark
-from shmserve.benchmark import stats as S
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUICK = ["-p", "250", "--warmup", "0.2", "-r", "3", "-s", "100"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +158,40 @@ def test_installed_client_is_found_by_find_package(cpp_build, tmp_path):
           "-DCMAKE_CXX_FLAGS=-O0"])
     _run(["cmake", "--build", build])
     assert "FP32 is 4 bytes" in _run([build / "consumer"]).stdout
+
+
+NOBODY = 65534  # uid and gid "nobody"/"nogroup" on Debian
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")
+def test_group_member_of_another_uid_is_served_and_others_are_refused(cpp_build, server_factory,
+                                                                       tmp_path_factory):
+    """serve --group: a process of another uid whose group is that group is a client
+    (socket 0660, control segment 0660, arena by descriptor); the same uid in another
+    group is refused at the control socket. The C++ example runs as uid nobody (the
+    Python interpreter of this checkout may not be reachable by other users)."""
+    import tempfile
+
+    server = server_factory(models=("simple",), args=["--group", str(NOBODY)])
+    exe_dir = Path(tempfile.mkdtemp(prefix="shms-exe-", dir="/tmp"))
+    try:
+        exe_dir.chmod(0o755)
+        exe = exe_dir / "shmserve_infer"
+        shutil.copy2(cpp_build / "shmserve_infer", exe)
+        exe.chmod(0o755)
+        env = {"SHMSERVE_RUNTIME_DIR": str(server.runtime_dir), "PATH": "/usr/bin:/bin"}
+        for path in (server.socket_path, server.runtime_dir):
+            assert os.stat(path).st_gid == NOBODY, path
+        ok = subprocess.run([str(exe), "simple", "--name", server.name], capture_output=True,
+                            text=True, timeout=60, env=env, user=NOBODY, group=NOBODY,
+                            extra_groups=[])
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "OUTPUT0 INT32 [1, 16]: 1 2 3 4" in ok.stdout
+        refused = subprocess.run([str(exe), "simple", "--name", server.name], capture_output=True,
+                                 text=True, timeout=60, env=env, user=NOBODY, group=4242,
+                                 extra_groups=[])
+        assert refused.returncode != 0, refused.stdout
+        assert "Error" in refused.stderr or "error" in refused.stderr, refused.stderr
+        assert server.log(10**6).count("opened for pid") == 1  # only the group member's lease
+    finally:
+        shutil.rmtree(exe_dir, ignore_errors=True)

@@ -253,6 +253,13 @@ def test_retry_parameter_must_be_a_boolean(tmp_path):
 
 # ---------------------------------------------------------------- refused starts
 
+def test_unknown_group_is_refused(server_factory):
+    server = server_factory(start=False)
+    result = serve_cli(server.repo, server.name, "--group", "no-such-group-shms")
+    assert result.returncode == 2 and "--group 'no-such-group-shms': no such group" in result.stderr
+    assert not server.socket_path.exists()
+
+
 def test_second_server_with_same_name_is_refused(server_factory):
     first = server_factory()
     c = first.client(arena_bytes=1 << 20)

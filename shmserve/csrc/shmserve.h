@@ -455,7 +455,7 @@ typedef struct shms_ring {
 } shms_ring;
 
 /* Checks the control header once and fixes the view. Returns 0, or -1 if the
- * segment is not a version-1 control segment of segment_bytes with a sane ring. */
+ * segment is not a control segment of this protocol version, segment_bytes long, with a sane ring. */
 static inline int shms_ring_attach(shms_ring *r, void *base, uint64_t segment_bytes) {
   shms_control *ctl = (shms_control *)base;
   if (segment_bytes < sizeof(shms_control) || ctl->magic != SHMS_MAGIC_CONTROL ||

@@ -62,7 +62,7 @@ class Impl : public std::enable_shared_from_this<Impl> {
     if (closed.exchange(true)) return;
     {
       std::lock_guard<std::mutex> g(sock_mu);
-      sock->close();  // ends the lease: the server unlinks the arena; our mapping stays valid
+      sock->close();  // ends the lease: the server closes its arena descriptor; our mapping stays valid
     }
     // Calls still in flight will never be answered; dropping them frees their buffers
     // (and breaks the Impl -> Call -> Block -> Impl cycle). Their Futures fail.
@@ -250,7 +250,8 @@ class Impl : public std::enable_shared_from_this<Impl> {
       n_inflight--;
       free_slots.push_back(s);
       if (rc == SHMS_RING_FULL) throw BusyError("server '" + opts.name + "' request ring is full; retry later");
-      throw ServerDeadError("the server revoked this client's lease");
+      check_server();  // a lease that ended is why its pushes were skipped
+      throw BusyError("server '" + opts.name + "': " + kSkipped);
     }
   }
 
@@ -278,17 +279,17 @@ class Impl : public std::enable_shared_from_this<Impl> {
     return rc;
   }
 
-  /// Pushes the ring entry and rings the batcher. RECLAIMED (our claim was skipped: a
-  /// dead lease, or held past the batcher's grace) is retried a few times; FULL, which
-  /// an honest ring never is (it holds every slot of every client), for up to 100 ms
-  /// while the batcher repairs the ring.
+  /// Pushes the ring entry and rings the batcher. RECLAIMED (our claim was skipped:
+  /// held past the batcher's grace, or our lease ended) is retried up to 100 times;
+  /// FULL, which an honest ring never is (it holds every slot of every client), for up
+  /// to 100 ms while the batcher repairs the ring.
   int push(uint32_t s, uint32_t generation) {
     uint64_t full_since = 0;
     for (int attempt = 0;; attempt++) {
       int rc = shms_ring_push(&ring, client_id, s, generation);
       // SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell.
       shms_doorbell_ring(&ctl->doorbell, &ctl->batcher_sleeping, 1);
-      if (rc == SHMS_RING_OK || (rc == SHMS_RING_RECLAIMED && attempt >= 3)) return rc;
+      if (rc == SHMS_RING_OK || (rc == SHMS_RING_RECLAIMED && attempt >= 99)) return rc;
       if (rc == SHMS_RING_FULL) {
         uint64_t now = shms_now_ns();
         if (!full_since) full_since = now;
@@ -355,8 +356,8 @@ class Impl : public std::enable_shared_from_this<Impl> {
     shms_store(&slots[c.slot].state, static_cast<uint32_t>(SHMS_SLOT_FREE), memory_order_release);
     int rc = write_and_push(c, c.slot);
     if (rc == SHMS_RING_OK) return true;
-    c.status = rc == SHMS_RING_FULL ? SHMS_ERR_BUSY : SHMS_ERR_UNAVAILABLE;  // slot set back FREE
-    c.error = rc == SHMS_RING_FULL ? "request ring is full; retry later" : "the server revoked this client's lease";
+    c.status = SHMS_ERR_BUSY;  // slot set back FREE
+    c.error = rc == SHMS_RING_FULL ? "request ring is full; retry later" : kSkipped;
     return false;
   }
 
@@ -446,6 +447,9 @@ class Impl : public std::enable_shared_from_this<Impl> {
   detail::Mapping ctl_map, arena_map;
   shms_control *ctl = nullptr;
   shms_ring ring{};
+  static constexpr const char *kSkipped =
+      "the batcher skipped this client's ring entry 100 times (another client is damaging the ring); "
+      "retry later";
   char *arena = nullptr;
   shms_arena_header *hdr = nullptr;
   shms_slot *slots = nullptr;
