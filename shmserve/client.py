@@ -125,7 +125,7 @@ class Client:
     def __init__(self, name: str = DEFAULT_NAME, *, socket_path_: str | None = None,
                  arena_bytes: int | None = None, spin_us: int | None = None):
         self.name = name
-        path = socket_path_ or str(socket_path(name))
+        path = socket_path_ or str(socket_path(name, create=False))
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(path)

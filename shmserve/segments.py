@@ -32,8 +32,10 @@ def _align(n: int, a: int = 4096) -> int:
     return (n + a - 1) // a * a
 
 
-def runtime_dir() -> Path:
-    """Per-user directory (0700) holding control sockets and server records."""
+def runtime_dir(create: bool = True) -> Path:
+    """Per-user directory (0700) holding control sockets and server records. A client
+    only looks (create=False): with `serve --group`, SHMSERVE_RUNTIME_DIR may name the
+    directory of a server of another user."""
     base = os.environ.get("SHMSERVE_RUNTIME_DIR")
     if base:
         path = Path(base)
@@ -41,6 +43,8 @@ def runtime_dir() -> Path:
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "shmserve"
     else:
         path = Path(f"/tmp/shmserve-{os.getuid()}")
+    if not create:
+        return path
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.stat()
     # Group access (0710) is granted only by `serve --group`; others never get any.
@@ -88,8 +92,8 @@ def in_group(uid: int, gid: int, pid: int, group: int) -> bool:
     return False
 
 
-def socket_path(name: str) -> Path:
-    return runtime_dir() / f"{name}.sock"
+def socket_path(name: str, create: bool = True) -> Path:
+    return runtime_dir(create) / f"{name}.sock"
 
 
 def record_path(name: str) -> Path:
