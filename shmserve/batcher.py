@@ -154,8 +154,14 @@ class Batcher:
             arena.ops.complete(slot_off, gen, status, msg, [])
             return
         model_id, rows, key = taken
-        self.models[model_id].queue.append(
-            Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off))
+        q = self.models[model_id]
+        if q.spec.max_queue_size and len(q.queue) >= q.spec.max_queue_size:
+            self.maps.model_add(model_id, "request_failure", 1)
+            arena.ops.complete(slot_off, gen, int(Status.BUSY),
+                               f"model '{q.spec.name}': queue is full (max_queue_size "
+                               f"{q.spec.max_queue_size}); retry later", [])
+            return
+        q.queue.append(Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off))
 
     def may_skip_claim(self, owner: int, head_seq: int) -> bool:
         """The ring head is claimed by `owner` and not published. Skip it if that
@@ -256,6 +262,10 @@ class Batcher:
         for q in self.models:
             if q.queue and not srv.load32(layout.model(q.model_id) + L["model.ready"]):
                 self.fail_queue(q)
+            if q.queue and q.spec.queue_timeout_us:
+                expires = self.expire_queue(q, now)
+                if expires is not None:
+                    deadline = expires if deadline is None else min(deadline, expires)
             busy, retired = [], 0
             for w in q.workers:
                 mb = layout.mailbox(w)
@@ -283,6 +293,22 @@ class Batcher:
                 if any(srv.load32(mb + L["mailbox.state"]) == 0 for mb in busy):
                     deadline = now
         return deadline
+
+    def expire_queue(self, q: ModelQueue, now: int) -> int | None:
+        """default_queue_policy with REJECT: answers the requests that waited longer than
+        default_timeout_microseconds (the queue is in arrival order). Returns when the
+        next one expires."""
+        timeout_ns = q.spec.queue_timeout_us * 1000
+        while q.queue and now - q.queue[0].arrived_ns >= timeout_ns:
+            p = q.queue.popleft()
+            if p.arena.ops is None:  # its lease ended: nobody to answer
+                continue
+            gen = self.maps.srv.read_shadow(self.maps.layout.shadow_at(p.shadow))[2]
+            p.arena.ops.complete(p.slot_off, gen, int(Status.UNAVAILABLE),
+                                 f"model '{q.spec.name}': request timed out in the queue after "
+                                 f"{q.spec.queue_timeout_us} us (default_queue_policy)", [])
+            self.maps.model_add(q.model_id, "request_failure", 1)
+        return q.queue[0].arrived_ns + timeout_ns if q.queue else None
 
     def fail_queue(self, q: ModelQueue) -> None:
         """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""

@@ -58,6 +58,8 @@ class ModelSpec:
     parameters: dict
     config_text: str
     retry_on_worker_crash: bool = False  # re-run a batch once if its worker died in it
+    max_queue_size: int = 0  # dynamic_batching.default_queue_policy; 0: unbounded (all slots)
+    queue_timeout_us: int = 0  # ... default_timeout_microseconds with REJECT; 0: none
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -189,13 +191,16 @@ def load_model(model_dir: Path) -> list[ModelSpec]:
     if retry not in ("true", "false"):
         raise ConfigError(f'{where}: parameters "{RETRY_PARAMETER}" must be "true" or "false", '
                           f"got {params[RETRY_PARAMETER]!r}")
+    policy = cfg.dynamic_batching.default_queue_policy
+    reject = policy.timeout_action == mc.ModelQueuePolicy.REJECT
     return [
         ModelSpec(name=name, version=v, backend=backend, path=str(model_dir / str(v) / model_file),
                   max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=outputs,
                   instance_count=count, dynamic_batching=dyn, preferred_batch_sizes=preferred,
                   max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
                   parameters=params, config_text=text_format.MessageToString(cfg),
-                  retry_on_worker_crash=retry == "true")
+                  retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),
+                  queue_timeout_us=int(policy.default_timeout_microseconds) if reject else 0)
         for v in _versions(model_dir, cfg, model_file, where)
     ]
 

@@ -120,6 +120,54 @@ def test_arena_larger_than_server_allows(main_server):
     assert "--max-arena-bytes" in e.value.msg and str(1 << 40) in e.value.msg, e.value.msg
 
 
+def _queued_sleeper(policy: str):
+    import helpers
+
+    def setup(repo):
+        helpers.write_model(repo, "q_sleeper", helpers.python_config(
+            "q_sleeper", "FP32", (-1,), max_batch_size=1,
+            dynamic_batching="{ default_queue_policy { %s } }" % policy), helpers.SLEEPER_CODE)
+    return setup
+
+
+def test_full_model_queue_answers_busy(server_factory):
+    """dynamic_batching.default_queue_policy.max_queue_size (Triton's): requests past
+    it are answered BUSY at once, naming the model and the limit; the rest are served."""
+    server = server_factory(setup=_queued_sleeper("max_queue_size: 2"))
+    c = server.client(arena_bytes=1 << 20)
+    x = np.array([[0.3]], np.float32)
+    futures = [c.submit("q_sleeper", [x]) for _ in range(6)]
+    busy, ok = [], 0
+    for f in futures:
+        try:
+            f.result(timeout=30)
+            ok += 1
+        except errors.BusyError as e:
+            busy.append(e.msg)
+    assert ok >= 2 and len(busy) >= 3, (ok, busy)  # one running, two queued, the rest refused
+    assert all("'q_sleeper'" in m and "max_queue_size 2" in m for m in busy), busy
+    (row,) = c.statistics("q_sleeper")
+    assert row["request_failure"] == len(busy)
+
+
+def test_queue_timeout_rejects_requests_that_waited_too_long(server_factory):
+    """default_timeout_microseconds with timeout_action REJECT: a request still queued
+    after the timeout is answered UNAVAILABLE; the one running is not affected."""
+    server = server_factory(setup=_queued_sleeper(
+        "default_timeout_microseconds: 100000 timeout_action: REJECT"))
+    c = server.client(arena_bytes=1 << 20)
+    futures = [c.submit("q_sleeper", [np.array([[0.5]], np.float32)]) for _ in range(3)]
+    outcomes = []
+    for f in futures:
+        try:
+            f.result(timeout=30)
+            outcomes.append("ok")
+        except errors.UnavailableError as e:
+            assert "timed out in the queue after 100000 us" in e.msg, e.msg
+            outcomes.append("timed out")
+    assert outcomes.count("ok") >= 1 and outcomes.count("timed out") >= 1, outcomes
+
+
 @pytest.mark.timeout(300)
 def test_a_thousand_caller_deaths_leave_every_lease_free(server_factory):
     """1000 clients SIGKILLed with a request in flight: every lease ends, every arena
