@@ -4,7 +4,6 @@
     python scripts/fuzz_campaign.py [--target=validator|decode_bytes|all] [libFuzzer flags] [CORPUS_DIR | FILE ...]
 
     python scripts/fuzz_campaign.py -max_total_time=600               # both targets, 10 minutes
-    python scripts/fuzz_campaign.py --avoid-known-crash -max_total_time=600   # past the open finding
     python scripts/fuzz_campaign.py --target=validator -max_total_time=900 /tmp/corpus-validator
     python scripts/fuzz_campaign.py --target=validator tests/fuzz_corpus/<reproducer>   # replay one input
 
@@ -16,10 +15,6 @@ Options:
   --target=T   validator     the batcher's take + shms_validate_request
                decode_bytes  shmserve.protocol.decode_bytes, as the worker calls it
                all           both; each input picks one, decode_bytes 1 in 8 (default)
-  --avoid-known-crash
-               model wide_unbatched gets 16 inputs of rank 7 instead of 8: a valid
-               request to the rank-8 one overflows the shape key buffer in core.c
-               m_take (tests/fuzz_corpus/README.md) and kills the process
   -h, --help   this text
 
 validator: builds, in process memory (anonymous mmaps wrapped by shmserve._core.Mapping),
@@ -115,10 +110,6 @@ def _spec(name, mbs, inputs, outputs):
                      parameters={}, config_text="")
 
 
-# Replace wide_unbatched (16 inputs of rank 8) by 16 inputs of rank 7, the largest
-# shape key core.c's buffer holds, so that a campaign can go on past that finding.
-AVOID_KNOWN_CRASH = "--avoid-known-crash" in sys.argv[1:]
-WIDE_RANK = 7 if AVOID_KNOWN_CRASH else 8
 LONG = "m" * 63                       # longest model name (repository: < 64 bytes, ASCII)
 UNAME = "\u20ac" * 21                  # 63 bytes of 3-byte UTF-8 characters (message cuts)
 ALL_TYPES = [n for n in D if n != "BYTES"]
@@ -140,8 +131,8 @@ MODELS = [
     _spec("unready", 4, [("INPUT0", D["FP32"], (-1,))], [("OUTPUT0", D["FP32"], (-1,))]),
     _spec("wide_batched", 4, [(f"I{k}", D["INT8"], (1, -1, 1, 1, 1, -1, 1)) for k in range(16)],
           [(f"O{k}", D["INT8"], (-1,)) for k in range(16)]),
-    # 16 x (1 + rank 8) = 144 shape-key entries: crashes take (see --avoid-known-crash).
-    _spec("wide_unbatched", 0, [(f"I{k}", D["INT8"], (1, -1, 1, 1, 1, 1, -1, 1)[:WIDE_RANK])
+    # 16 x (1 + rank 8) = 144 shape-key entries: the largest key (tests/fuzz_corpus).
+    _spec("wide_unbatched", 0, [(f"I{k}", D["INT8"], (1, -1, 1, 1, 1, 1, -1, 1))
                                 for k in range(16)],
           [(f"O{k}", D["INT8"], (-1,)) for k in range(16)]),
 ]
@@ -733,7 +724,7 @@ def main(argv: list[str]) -> None:
             TARGET = arg.split("=", 1)[1]
             if TARGET not in ("validator", "decode_bytes", "all"):
                 sys.exit(f"unknown --target {TARGET!r} (validator, decode_bytes, all)")
-        elif arg.startswith("--") and arg != "--avoid-known-crash":
+        elif arg.startswith("--"):
             sys.exit(f"unknown option {arg} (see --help)")
     if not any(a.startswith("-max_len=") for a in rest):
         rest.append("-max_len=8192")  # a raw request alone is 3104 bytes

@@ -264,3 +264,39 @@ def test_decode_bytes_any_shape_raises_only_value_error(buf, shape):
         P.decode_bytes(buf, tuple(shape))
     except ValueError:
         pass
+
+
+WIDEST_REQUEST = '''
+import mmap, types
+from shmserve import _core
+from shmserve.coordinator import Coordinator
+from shmserve.protocol import LAYOUT as L
+from shmserve.repository import ModelSpec, TensorSpec
+from shmserve.segments import ArenaLayout, ServerLayout
+spec = ModelSpec(name="wide", version=1, backend="python", path="", max_batch_size=0,
+                 inputs=tuple(TensorSpec(f"I{k}", 6, (-1,) * 8) for k in range(16)),
+                 outputs=(TensorSpec("O", 6, (-1,)),), instance_count=1, dynamic_batching=False,
+                 preferred_batch_sizes=(), max_queue_delay_us=0, parameters={}, config_text="")
+slay = ServerLayout(1, 1, 1, 1); smm = mmap.mmap(-1, slay.size); srv = _core.Mapping(smm)
+Coordinator.write_model_entry(types.SimpleNamespace(layout=slay, server=types.SimpleNamespace(buffer=smm)), 0, spec)
+srv.store32(slay.model(0) + L["model.ready"], 1)
+alay = ArenaLayout.for_data(1, 4096); amm = mmap.mmap(-1, alay.segment_bytes); arena = _core.Mapping(amm)
+d = alay.data_offset
+shape = [0] + [0x4141414141414141] * 7  # valid: 0 elements, so any other dim goes
+arena.write_request(alay.slot(0), 1, 0, [(k, 6, d, 0, shape) for k in range(16)], [(0, 0, d, 64, [])])
+model_id, rows, key = arena.take(alay.slot(0), 0, 1, 0, 1, srv, slay.shadow(0, 0), slay.models_offset, 1, d)
+assert (model_id, rows, len(key)) == (0, 1, 16 * 9 * 8), (model_id, rows, len(key))
+print("taken")
+'''
+
+
+def test_widest_unbatched_request_fits_the_shape_key():
+    """Regression (atheris campaign, tests/fuzz_corpus): 16 inputs of rank 8 to an
+    unbatched model make a 144-entry shape key; m_take's buffer held 128, and the
+    caller's dims overwrote the batcher's stack. Run apart: a regression is a SIGSEGV."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", WIDEST_REQUEST], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "taken", (r.returncode, r.stdout, r.stderr[-2000:])

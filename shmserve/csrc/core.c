@@ -470,7 +470,7 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   sh->batch_rows = rows;
   /* Shape key: requests batch together only when every input has the same dtype
    * and the same non-batch dimensions. */
-  int64_t key[SHMS_MAX_TENSORS * SHMS_MAX_DIMS];
+  int64_t key[SHMS_MAX_TENSORS * (SHMS_MAX_DIMS + 1)]; /* per input: (index, ndim), dims */
   size_t nk = 0;
   uint32_t skip = m->max_batch_size > 0;
   for (uint32_t k = 0; k < m->n_inputs; k++) /* in model order, whatever the request's */
