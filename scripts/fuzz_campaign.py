@@ -625,15 +625,15 @@ def check_accepted(arena: Arena, m: ModelSpec, rows: int, key: bytes, req: dict,
         check(arena.data <= offset and offset + nbytes <= arena.size,
               "output outside [data_offset, arena size)", index, offset, nbytes, arena.size)
     # Shape key: per model input in model order, (index << 32 | ndim) then the
-    # non-batch dims; built in a C array of MAX_TENSORS * MAX_DIMS int64.
+    # non-batch dims; built in a C array of MAX_TENSORS * (MAX_DIMS + 1) int64.
     want = []
     by_index = {t[0]: t for t in ins}
     for k in range(len(m.inputs)):
         t = by_index[k]
         want.append(k << 32 | len(t[4]))
         want.extend(t[4][batched:])
-    check(len(key) <= MAXT * MAXD * 8, "shape key overflows its C buffer "
-          f"(int64 key[{MAXT * MAXD}] in core.c m_take, {len(key) // 8} entries written)",
+    check(len(key) <= MAXT * (MAXD + 1) * 8, "shape key overflows its C buffer "
+          f"(int64 key[{MAXT * (MAXD + 1)}] in core.c m_take, {len(key) // 8} entries written)",
           m.name, len(key))
     check(key == struct.pack(f"<{len(want)}q", *want), "shape key", key.hex())
 
