@@ -88,13 +88,16 @@ class Worker:
         sleeping = self.mailbox + L["mailbox.worker_sleeping"]
         waiting = self.mailbox + L["mailbox.batcher_waiting"]
         spin = self.maps.spin
+        dropped_at = time.monotonic_ns()
         while True:
             # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
             started = time.monotonic_ns()
+            if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
+                self.maps.drop_ended_leases()
+                dropped_at = started
             if not srv.doorbell_wait(state, sleeping, 0, spin.budget_ns(), 200_000_000):
                 if not self.maps.parent_alive():
                     return
-                self.maps.drop_ended_leases()
                 continue
             spin.record(time.monotonic_ns() - started)
             self.run_mailbox()
