@@ -99,7 +99,7 @@ class Batcher:
         start, took = ring.pos, False
         if ring.repair():
             self.ring_damaged("enqueue_pos was outside the ring; moved back")
-        skipped = 0
+        tries = 0
         while True:
             got = ring.pop()
             if got is None:
@@ -112,12 +112,12 @@ class Batcher:
                 continue
             if kind == POP_STALLED and not self.may_skip_claim(a, b):
                 break
-            # Bounded, so that a client rewriting cells as fast as we skip them cannot
-            # keep the batcher here; the next pass goes on.
-            if skipped >= ring.capacity:
+            # Bounded (failed skips included), so that a client rewriting cells as fast
+            # as we skip them cannot keep the batcher here; the next pass goes on.
+            tries += 1
+            if tries > ring.capacity:
                 break
             if ring.skip(b):
-                skipped += 1
                 # A cell left consumed is what a predecessor that died between popping
                 # and saving server.ring_pos leaves: not damage.
                 if kind == POP_CORRUPT and b != ring.pos - 1 + ring.capacity:

@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
     s.add_argument("--log-level", default="info")
     s.add_argument("--group", default=None, metavar="GROUP",
-                   help="also serve clients of this group (other uids): the control socket and "
-                        "control segment become group read-write, the runtime directory "
-                        "group-traversable; the server's user must be a member")
+                   help="also serve clients of this group (other uids): the control socket "
+                        "becomes group read-write, the runtime directory group-traversable; "
+                        "the server's user must be a member")
     s.set_defaults(fn=cmd_serve)
 
     m = sub.add_parser("models", help="list loaded models, their state and statistics")

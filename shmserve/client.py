@@ -136,18 +136,20 @@ class Client:
                 f"{e.strerror}); start one with `shmserve serve`") from None
         self._sock_lock = threading.Lock()
         hello, fds = self._call(P.OP_HELLO, version=P.PROTOCOL_VERSION, pid=os.getpid(),
-                                arena_bytes=arena_bytes or 0, _fds=1)
+                                arena_bytes=arena_bytes or 0, _fds=2)
         self.client_id = hello["client_id"]
         self.server_pid = hello["server_pid"]
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
         self._spin = AdaptiveSpin(self._spin_ns, MAX_SPIN_US * 1000 if self._spin_ns else 0)
-        self._control = Segment(hello["control"])
-        if len(fds) != 1:
-            raise errors.ShmServeError("hello reply carried no arena descriptor", P.Status.INTERNAL)
-        try:
+        try:  # the arena's and the control segment's sealed memfds came with the reply
+            if len(fds) != 2:
+                raise errors.ShmServeError(f"hello reply carried {len(fds)} descriptors, not 2 "
+                                           "(arena, control)", P.Status.INTERNAL)
             self._arena = Segment.from_fd(fds[0], hello["arena_bytes"], f"arena of lease {self.client_id}")
+            self._control = Segment.from_fd(fds[1], hello["control_bytes"], "control segment")
         finally:
-            os.close(fds[0])  # the mapping keeps the memory
+            for fd in fds:
+                os.close(fd)  # the mappings keep the memory
         for seg, magic in ((self._control, L["MAGIC_CONTROL"]), (self._arena, L["MAGIC_ARENA"])):
             found = struct.unpack_from("<QI", seg.buffer, 0)
             if found != (magic, P.PROTOCOL_VERSION):

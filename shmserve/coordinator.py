@@ -21,9 +21,10 @@ from . import protocol as P
 from .errors import ConfigError, ShmServeError, ShmSpaceError
 from .protocol import LAYOUT as L
 from .repository import ModelSpec, load_repository
-from .segments import (SHM_DIR, ArenaLayout, Segment, ServerLayout, control_size, in_group,
-                       init_control, new_prefix, pid_alive, read_record, record_path,
-                       remove_segments, resolve_group, share_with_group, socket_path, write_record)
+from .segments import (ArenaLayout, Segment, ServerLayout, control_size, init_control,
+                       new_prefix, pid_alive, read_record, record_path, remove_segments,
+                       resolve_group, share_with_group, socket_path, unreachable_by_group,
+                       write_record)
 
 log = logging.getLogger("shmserve.coordinator")
 LEASE_QUARANTINE_S = 5.0  # a dead lease's id is not reused before in-flight work drains
@@ -44,7 +45,7 @@ class ServeOptions:
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
     log_level: str = "INFO"
-    group: str | None = None  # let this group's members be clients (socket, control segment)
+    group: str | None = None  # let this group's members be clients (the socket becomes 0660)
 
 
 class AlreadyRunningError(ShmServeError):
@@ -111,14 +112,18 @@ class Coordinator:
             ring <<= 1
         # Records first, so that a crash from here on can be cleaned by the next start.
         write_record(o.name, {"pid": os.getpid(), "prefix": self.prefix, "socket": str(self.sock_path)})
-        self.control = Segment(self.prefix + "-ctl", control_size(ring), create=True,
-                               what="control segment (request ring)")
+        self.control = Segment.sealed("shmserve-control", control_size(ring),
+                                      what="control segment (request ring)")
         self.server = Segment(self.prefix + "-srv", self.layout.size, create=True,
                               what="server segment (--max-clients x --slots-per-client)")
         init_control(self.control.buffer, self.control.ops, ring, os.getpid())
-        if self.gid is not None:  # group clients map the control segment and reach the socket
-            share_with_group(SHM_DIR / self.control.name.lstrip("/"), self.gid, 0o660)
+        if self.gid is not None:  # group clients must reach the socket
             share_with_group(self.sock_path.parent, self.gid, 0o710)
+            blocked = unreachable_by_group(self.sock_path.parent, self.gid)
+            if blocked is not None:
+                log.warning("group %s cannot reach the socket: %s is not traversable by it; "
+                            "set SHMSERVE_RUNTIME_DIR to a directory it can reach",
+                            self.opts.group, blocked)
         lay, s = self.layout, self.server.buffer
         _put(s, 0, "<QIIIIII", L["MAGIC_SERVER"], L["PROTOCOL_VERSION"], lay.max_clients,
              lay.slots_per_client, lay.n_models, lay.n_workers, 0)
@@ -140,7 +145,8 @@ class Coordinator:
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
-        return {"control": self.control.name, "server": self.server.name,
+        return {"control": f"/proc/{os.getpid()}/fd/{self.control.fd}",
+                "control_bytes": self.control.size, "server": self.server.name,
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
@@ -243,8 +249,8 @@ class Coordinator:
         srv.store32(entry + L["client_entry.state"], P.ClientState.ALIVE)
         self.leases[client_id] = {"arena": arena, "pid": peer_pid}
         log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
-        return {"client_id": client_id, "generation": generation, "control": self.control.name,
-                "arena_bytes": alayout.segment_bytes,
+        return {"client_id": client_id, "generation": generation,
+                "control_bytes": self.control.size, "arena_bytes": alayout.segment_bytes,
                 "slots_offset": alayout.slots_offset, "n_slots": alayout.n_slots,
                 "data_offset": alayout.data_offset, "server_pid": os.getpid(),
                 "spin_us": self.opts.spin_us, "models": self.model_list()}
@@ -313,7 +319,7 @@ class Coordinator:
                 raise ShmServeError("hello sent twice on one connection", P.Status.INVALID_ARG)
             reply = self.open_lease(msg, lease["pid"], lease["uid"])
             lease["client_id"] = reply["client_id"]
-            lease["send_fd"] = self.leases[reply["client_id"]]["arena"].fd
+            lease["send_fds"] = [self.leases[reply["client_id"]]["arena"].fd, self.control.fd]
             return reply
         if op == P.OP_MODELS:
             return {"models": self.model_list()}
@@ -336,7 +342,10 @@ class Coordinator:
         lease = {"pid": pid, "uid": uid, "client_id": None}
         gid = struct.unpack("<iII", creds)[2]
         if uid not in (os.getuid(), 0) and not (
-                self.gid is not None and in_group(uid, gid, pid, self.gid)):
+                self.gid is not None and (gid == self.gid or self.gid in peer_groups(sock))):
+            log.warning("refused a connection from uid %d gid %d pid %d: not this server's "
+                        "user%s", uid, gid, pid, f" nor of group {self.opts.group}" if self.gid
+                        is not None else "")
             writer.close()
             return
         self.connections.add(writer)
@@ -355,11 +364,11 @@ class Coordinator:
                 except (ValueError, TypeError, OverflowError, KeyError) as e:
                     reply = {"ok": False, "code": int(P.Status.INVALID_ARG),
                              "error": f"malformed control message: {type(e).__name__}: {e}"}
-                fd = lease.pop("send_fd", None)
-                if fd is None:
+                fds = lease.pop("send_fds", None)
+                if fds is None:
                     writer.write(P.pack_frame(reply))
                 else:
-                    await send_with_fd(writer, P.pack_frame(reply), fd)
+                    await send_with_fds(writer, P.pack_frame(reply), fds)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
@@ -486,8 +495,18 @@ class Coordinator:
             metrics[0].shutdown()
 
 
-async def send_with_fd(writer: asyncio.StreamWriter, frame: bytes, fd: int) -> None:
-    """Sends a frame with fd attached (SCM_RIGHTS) on the first bytes. The transport
+def peer_groups(sock) -> set[int]:
+    """The supplementary groups of a Unix-socket peer (SO_PEERGROUPS, Linux 4.13)."""
+    so_peergroups = getattr(socket, "SO_PEERGROUPS", 59)
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, so_peergroups, 4 * 1024)
+    except OSError:
+        return set()
+    return set(struct.unpack(f"<{len(raw) // 4}I", raw))
+
+
+async def send_with_fds(writer: asyncio.StreamWriter, frame: bytes, fds: list[int]) -> None:
+    """Sends a frame with fds attached (SCM_RIGHTS) on its first bytes. The transport
     cannot carry descriptors, so this goes straight to the socket, once everything
     the transport holds is out (frames stay in order)."""
     while writer.transport.get_write_buffer_size():
@@ -496,7 +515,7 @@ async def send_with_fd(writer: asyncio.StreamWriter, frame: bytes, fd: int) -> N
     try:
         while True:
             try:
-                sent = socket.send_fds(sock, [frame], [fd])
+                sent = socket.send_fds(sock, [frame], fds)
                 break
             except BlockingIOError:
                 await asyncio.sleep(0.001)

@@ -236,11 +236,13 @@ def recv_frame(sock: socket.socket) -> dict:
 
 def recv_frame_fds(sock: socket.socket, max_fds: int = 1) -> tuple[dict, list[int]]:
     """A frame and the descriptors sent with it (SCM_RIGHTS on its first bytes: the
-    hello reply carries the arena's memfd). The caller owns the descriptors."""
+    hello reply carries the arena's and the control segment's memfds). The caller owns
+    the descriptors."""
     header, fds = b"", []
     while len(header) < FRAME_HEADER.size:
         if max_fds:
-            data, got, _, _ = socket.recv_fds(sock, FRAME_HEADER.size - len(header), max_fds)
+            data, got, _, _ = socket.recv_fds(sock, FRAME_HEADER.size - len(header), max_fds,
+                                              socket.MSG_CMSG_CLOEXEC)
             fds += got
         else:
             data = sock.recv(FRAME_HEADER.size - len(header))

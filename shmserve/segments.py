@@ -67,7 +67,7 @@ def resolve_group(group: str) -> int:
 
 
 def share_with_group(path: Path, gid: int, mode: int) -> None:
-    """Gives `gid` access to a file this server created (socket, control segment,
+    """Gives `gid` access to a file this server created (the socket,
     runtime directory). The server's user must belong to that group (or be root)."""
     try:
         os.chown(path, -1, gid)
@@ -77,19 +77,15 @@ def share_with_group(path: Path, gid: int, mode: int) -> None:
                               "must be a member of that group") from None
 
 
-def in_group(uid: int, gid: int, pid: int, group: int) -> bool:
-    """Whether a peer (SO_PEERCRED uid, gid, pid) belongs to `group`: its primary
-    group, or a supplementary one from /proc/<pid>/status."""
-    if gid == group:
-        return True
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return str(group) in line.split()[1:]
-    except OSError:
-        pass
-    return False
+def unreachable_by_group(path: Path, gid: int) -> Path | None:
+    """The first ancestor of path that members of gid cannot traverse, if any."""
+    for parent in path.parents:
+        st = parent.stat()
+        if not (st.st_mode & 0o001 or (st.st_mode & 0o010 and st.st_gid == gid)):
+            return parent
+    return None
+
+
 
 
 def socket_path(name: str, create: bool = True) -> Path:
@@ -140,12 +136,15 @@ class Segment:
         finally:
             os.close(mem.fd)
         self.fd = None
+        self.named = True
 
     @classmethod
     def sealed(cls, name: str, size: int, what: str) -> "Segment":
-        """A new anonymous segment (memfd) whose size is sealed: nobody, its client
-        included, can shrink or grow it. It has no name anyone could open; it travels
-        as the file descriptor `fd`, which stays open until close()."""
+        """A new anonymous segment (memfd) whose size is sealed: nobody, its clients
+        included, can shrink or grow it (a shrunk segment makes every mapping's next
+        access a SIGBUS). It has no name anyone could open; it travels as the file
+        descriptor `fd`, which stays open until close(). The control segment and the
+        arenas are made so."""
         avail = mem_available_bytes()
         if size > avail:
             raise ShmSpaceError(_no_space(what, size, avail))
@@ -173,7 +172,18 @@ class Segment:
         seg = cls.__new__(cls)
         seg._map(name, fd, size)
         seg.fd = None
+        seg.named = False
         return seg
+
+    @classmethod
+    def open_path(cls, path: str, size: int) -> "Segment":
+        """Maps a sealed segment through a path to its descriptor: the batcher and the
+        workers open the coordinator's memfds as /proc/<coordinator pid>/fd/<n>."""
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            return cls.from_fd(fd, size, path)
+        finally:
+            os.close(fd)
 
     def _map(self, name: str, fd: int, size: int) -> None:
         self.name = name
@@ -199,7 +209,8 @@ class Segment:
             pass
 
     def unlink(self) -> None:
-        unlink_quietly(self.name)
+        if self.named:  # a memfd has no name: it goes with its last descriptor and mapping
+            unlink_quietly(self.name)
 
 
 def mem_available_bytes() -> int:

@@ -3,6 +3,7 @@ arenas of the clients whose requests they handle (opened lazily, dropped when th
 lease ends)."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -12,19 +13,21 @@ from .segments import ArenaLayout, Segment, ServerLayout
 from .waiting import AdaptiveSpin
 
 L = LAYOUT
+log = logging.getLogger("shmserve.maps")
 
 
 class ServerMaps:
     def __init__(self, boot: dict):
         self.layout = ServerLayout(boot["max_clients"], boot["slots_per_client"],
                                    boot["n_models"], boot["n_workers"])
-        self.control = Segment(boot["control"])
+        self.control = Segment.open_path(boot["control"], boot["control_bytes"])
         self.server = Segment(boot["server"])
         self.ctl = self.control.ops
         self.srv = self.server.ops
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
         self.coordinator_pid = boot["coordinator_pid"]
         self._arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
+        self._retired: list[Segment] = []  # mappings of ended leases, closed between batches
 
     # The client table is written by the coordinator only; clients never see it.
     def lease_of(self, client_id: int) -> tuple[int, int]:
@@ -34,34 +37,30 @@ class ServerMaps:
                 self.srv.load32(off + L["client_entry.generation"]))
 
     def arena(self, client_id: int, lease: int):
-        """(Segment, ArenaLayout) of a live lease, or None if it ended or never was."""
+        """(Segment, ArenaLayout) of a live lease, or None if it ended or never was.
+        Never unmaps anything: a request of a batch or a queue may still hold the
+        mapping of a lease that just ended; drop_ended_leases does it between batches."""
         if client_id >= self.layout.max_clients:
             return None
         state, current = self.lease_of(client_id)
         if state != ClientState.ALIVE or current != lease:
-            if client_id in self._arenas:
-                self._drop(client_id)
             return None
         cached = self._arenas.get(client_id)
         if cached and cached[0] == lease:
             return cached[1], cached[2]
-        if cached:
-            self._drop(client_id)
+        if cached:  # an older lease of this client id: unmapped by drop_ended_leases
+            self._retired.append(self._arenas.pop(client_id)[1])
         off = self.layout.client(client_id)
         raw = bytes(self.server.buffer[off + L["client_entry.segment"]:
                                        off + L["client_entry.segment"] + NAME_BYTES])
         size = self.srv.load64(off + L["client_entry.segment_bytes"])
         path = raw.split(b"\0", 1)[0].decode()  # /proc/<coordinator>/fd/<memfd>
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:  # closed in between: the lease just ended
+            seg = Segment.open_path(path, size)
+        except (OSError, ValueError) as e:
+            if self.lease_of(client_id) == (ClientState.ALIVE, lease):  # not just ended
+                log.warning("client %d: cannot map its arena %s: %s", client_id, path, e)
             return None
-        try:
-            seg = Segment.from_fd(fd, size, path)
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
         # The descriptor number may have been reused by a newer lease's arena since we
         # read the table: the header, written by the coordinator, says whose it is.
         if (seg.ops.load32(L["arena.client_id"]), seg.ops.load32(L["arena.generation"])) != \
@@ -74,14 +73,15 @@ class ServerMaps:
 
     def drop_ended_leases(self) -> None:
         """Unmaps the arenas of leases that ended: an arena's memory is freed only when
-        its last mapping goes, and a client id may not come back for a long time."""
-        for client_id, (lease, _, _) in list(self._arenas.items()):
+        its last mapping goes, and a client id may not come back for a long time. Call
+        it only where no request in hand uses a mapping (between batches); a queued
+        request whose arena went is dropped unanswered (nobody is left to answer)."""
+        for client_id, (lease, seg, _) in list(self._arenas.items()):
             if self.lease_of(client_id) != (ClientState.ALIVE, lease):
-                self._drop(client_id)
-
-    def _drop(self, client_id: int) -> None:
-        _, seg, _ = self._arenas.pop(client_id)
-        seg.close()
+                del self._arenas[client_id]
+                self._retired.append(seg)
+        while self._retired:
+            self._retired.pop().close()
 
     def fail_batch(self, worker: int, model_id: int, message: str) -> int:
         """Answers every request in an ASSIGNED mailbox whose worker died with it

@@ -380,12 +380,13 @@ class RawLease:
         self.sock.connect(str(socket_path))
         self.sock.sendall(P.pack_frame({"op": P.OP_HELLO, "version": P.PROTOCOL_VERSION,
                                         "pid": os.getpid(), "arena_bytes": arena_bytes}))
-        hello, fds = P.recv_frame_fds(self.sock)
+        hello, fds = P.recv_frame_fds(self.sock, 2)
         assert hello["ok"], hello
-        assert len(fds) == 1, fds
+        assert len(fds) == 2, fds
         self.hello = hello
         self.client_id = hello["client_id"]
-        self.control = Segment(hello["control"])
+        self.control = Segment.from_fd(fds[1], hello["control_bytes"], "raw control")
+        os.close(fds[1])
         self.arena_fd = fds[0]  # kept open: a hostile caller may ftruncate it
         self.arena = Segment.from_fd(self.arena_fd, hello["arena_bytes"], "raw arena")
         self.ctl, self.ops, self.buf = self.control.ops, self.arena.ops, self.arena.buffer

@@ -236,8 +236,12 @@ static PyObject *m_ring_pending(Mapping *self, PyObject *args) {
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
   if (ring_view(self, off, cap, &r) < 0) return NULL;
+  /* Only [pos, enqueue_pos): a published-looking cell past enqueue_pos is no entry
+   * the consumer will reach soon, so it must not keep the sweep from a request. */
+  uint64_t enq = shms_load(&r.ctl->enqueue_pos, memory_order_acquire);
+  uint64_t end = enq - pos <= cap ? enq : pos;
   PyObject *out = PyList_New(0);
-  for (uint64_t q = pos; out && q < pos + cap; q++) {
+  for (uint64_t q = pos; out && q < end; q++) {
     shms_ring_cell *c = &r.cells[q & (cap - 1)];
     if (shms_load(&c->seq, memory_order_acquire) != q + 1) continue;
     PyObject *t = Py_BuildValue("(III)", c->client_id, c->slot, c->generation);
@@ -446,6 +450,13 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   uint32_t expected = SHMS_SLOT_SUBMITTED;
   if (s->generation != gen || !shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_QUEUED))
     Py_RETURN_NONE;
+  if (s->generation != gen) {
+    /* The client reused the slot between our check and the CAS: that newer request is
+     * not this entry's. Give it back; its own entry (or the sweep) brings it. */
+    expected = SHMS_SLOT_QUEUED;
+    shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_SUBMITTED);
+    Py_RETURN_NONE;
+  }
   s->t_ns[SHMS_T_DEQUEUE] = shms_now_ns();
   /* Copy first, then validate the copy: the client cannot change what we check. */
   memcpy(&sh->request, &s->request, sizeof(shms_request));
@@ -505,10 +516,14 @@ static PyObject *m_set_running(Mapping *self, PyObject *args) {
   if (!PyArg_ParseTuple(args, "KI|p", &off, &gen, &again)) return NULL;
   shms_slot *s = slot_at(self, off);
   if (!s) return NULL;
-  uint32_t expected = again ? SHMS_SLOT_RUNNING : SHMS_SLOT_QUEUED;
+  uint32_t expected = SHMS_SLOT_QUEUED;
   if (s->generation != gen) Py_RETURN_FALSE;
   int ok = shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_RUNNING);
-  s->t_ns[SHMS_T_COMPUTE_START] = shms_now_ns();
+  if (!ok && again) { /* the predecessor may have died before or after its set_running */
+    expected = SHMS_SLOT_RUNNING;
+    ok = shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_RUNNING);
+  }
+  if (ok) s->t_ns[SHMS_T_COMPUTE_START] = shms_now_ns(); /* only a slot that is ours */
   return PyBool_FromLong(ok);
 }
 

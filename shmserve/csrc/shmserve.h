@@ -542,7 +542,10 @@ static inline int shms_ring_pop(const shms_ring *r, uint64_t *pos, shms_ring_ent
     shms_store(&r->ctl->dequeue_pos, p + 1, memory_order_relaxed); /* mirror */
     return SHMS_POP_OK;
   }
-  if (seq == p) return enq == p ? SHMS_POP_EMPTY : SHMS_POP_CORRUPT;
+  /* Free head: empty, unless enqueue_pos is already past it (then nobody will ever
+   * publish p). enqueue_pos behind p is honest: a claim skipped before its owner
+   * moved enqueue_pos; shms_ring_repair moves it up. */
+  if (seq == p) return (int64_t)(enq - p) <= 0 ? SHMS_POP_EMPTY : SHMS_POP_CORRUPT;
   if ((seq & SHMS_CELL_CLAIMED) && (seq & 0xffffffffu) == (p & 0xffffffffu)) {
     *stalled_owner = (uint32_t)((seq >> 32) & 0x7fffffffu);
     return SHMS_POP_STALLED;
@@ -556,6 +559,8 @@ static inline int shms_ring_skip(const shms_ring *r, uint64_t *pos, uint64_t hea
   const uint64_t p = *pos;
   uint64_t expected = head_seq;
   if (!shms_cas(&r->cells[p & (r->capacity - 1)].seq, &expected, p + r->capacity)) return 0;
+  uint64_t e = p; /* a skipped claim's owner may not have moved enqueue_pos past it yet */
+  shms_cas(&r->ctl->enqueue_pos, &e, p + 1);
   *pos = p + 1;
   shms_store(&r->ctl->dequeue_pos, p + 1, memory_order_relaxed); /* mirror */
   return 1;

@@ -357,11 +357,11 @@ class ControlSocket {
   bool is_open() const { return fd_ >= 0; }
 
   /// Sends one request frame and returns the reply (typed error on `ok: false`).
-  /// With received_fd, a descriptor sent along with the reply (SCM_RIGHTS: the hello
-  /// reply carries the arena's memfd) is stored there, -1 if none; the caller owns it.
-  Reply call(const std::string &request, int *received_fd = nullptr) {
+  /// With received_fds, descriptors sent along with the reply (SCM_RIGHTS: the hello
+  /// reply carries the arena's and the control segment's memfds) are appended there;
+  /// the caller owns them, also when this throws.
+  Reply call(const std::string &request, std::vector<int> *received_fds = nullptr) {
     if (fd_ < 0) throw ServerDeadError("the client is closed");
-    if (received_fd) *received_fd = -1;
     const char *p = request.data();
     size_t left = request.size();
     while (left) {
@@ -372,9 +372,9 @@ class ControlSocket {
       left -= static_cast<size_t>(n);
     }
     char header[4];
-    if (received_fd) {
+    if (received_fds) {
       size_t got = 0;
-      while (got < 4) got += recv_with_fd(header + got, 4 - got, received_fd);
+      while (got < 4) got += recv_with_fds(header + got, 4 - got, received_fds);
     } else {
       read_exact(header, 4);
     }
@@ -385,10 +385,6 @@ class ControlSocket {
     std::string body(len, '\0');
     read_exact(body.data(), len);
     Reply r(body.data(), body.size());
-    if (received_fd && *received_fd >= 0 && !r.ok()) {
-      ::close(*received_fd);
-      *received_fd = -1;
-    }
     r.raise_if_failed();
     return r;
   }
@@ -404,11 +400,11 @@ class ControlSocket {
   }
 
  private:
-  /// One recvmsg of up to n bytes; keeps the first descriptor that comes with it.
-  size_t recv_with_fd(char *p, size_t n, int *fd_out) {
+  /// One recvmsg of up to n bytes; the descriptors that come with it go to fds.
+  size_t recv_with_fds(char *p, size_t n, std::vector<int> *fds) {
     for (;;) {
       iovec iov{p, n};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+      alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
       msghdr msg{};
       msg.msg_iov = &iov;
       msg.msg_iovlen = 1;
@@ -419,10 +415,12 @@ class ControlSocket {
       if (r <= 0) throw ServerDeadError("control socket closed by the server");
       for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        if (*fd_out < 0) *fd_out = fd;
-        else ::close(fd);
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t k = 0; k < count; k++) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
+          fds->push_back(fd);
+        }
       }
       return static_cast<size_t>(r);
     }

@@ -21,14 +21,20 @@ class Impl : public std::enable_shared_from_this<Impl> {
     spin_max_ns = spin_base_ns ? std::max(spin_base_ns, o.max_spin_us * 1000) : 0;
     typical_ns = spin_base_ns;
     sock = std::make_unique<ControlSocket>(o.socket_path.empty() ? socket_path(o.name) : o.socket_path);
-    int arena_fd = -1;
-    Reply h = sock->call(hello_frame(getpid(), o.arena_bytes), &arena_fd);
-    if (arena_fd < 0) throw ProtocolError("hello reply carried no arena descriptor");
+    // The arena's and the control segment's sealed memfds come with the reply; they
+    // are closed here whatever happens (a mapping keeps the memory).
+    std::vector<int> fds;
+    struct CloseAll {
+      std::vector<int> &v;
+      ~CloseAll() { for (int fd : v) ::close(fd); }
+    } close_all{fds};
+    Reply h = sock->call(hello_frame(getpid(), o.arena_bytes), &fds);
+    if (fds.size() != 2) throw ProtocolError("hello reply did not carry the arena and control descriptors");
     uint64_t arena_bytes = static_cast<uint64_t>(h.i("arena_bytes"));
-    arena_map.map_fd(arena_fd, arena_bytes);
+    arena_map.map_fd(fds[0], arena_bytes);
+    ctl_map.map_fd(fds[1], static_cast<uint64_t>(h.i("control_bytes")));
     client_id = static_cast<uint32_t>(h.i("client_id"));
     server_pid = static_cast<pid_t>(h.i("server_pid"));
-    ctl_map.map(h.s("control"), 0);
     ctl = static_cast<shms_control *>(ctl_map.base);
     arena = static_cast<char *>(arena_map.base);
     hdr = reinterpret_cast<shms_arena_header *>(arena);

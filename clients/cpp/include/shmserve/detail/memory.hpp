@@ -103,36 +103,19 @@ struct Mapping {
   ~Mapping() {
     if (base != MAP_FAILED) munmap(base, size);
   }
-  void map(const std::string &name, uint64_t want) {
-    int fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) throw ServerDeadError("cannot open segment " + name + ": " + std::strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (want && static_cast<uint64_t>(st.st_size) < want)) {
-      ::close(fd);
-      throw ProtocolError("segment " + name + " is smaller than announced");
-    }
-    size = want ? want : static_cast<size_t>(st.st_size);
-    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    ::close(fd);
-    if (base == MAP_FAILED) throw ServerDeadError("cannot map segment " + name + ": " + std::strerror(e));
-  }
-  /// Maps `want` bytes of a received arena descriptor (a memfd) and closes it. The
-  /// server seals its size; a descriptor without those seals is refused.
+  /// Maps `want` bytes of a received descriptor (a memfd: the arena, the control
+  /// segment); the caller closes it. The server seals their size; a descriptor without
+  /// those seals is refused (a peer could shrink it and make every access a SIGBUS).
   void map_fd(int fd, uint64_t want) {
     struct stat st;
     int seals = fcntl(fd, F_GET_SEALS);
     const int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
-    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < want || seals < 0 ||
-        (seals & need) != need) {
-      ::close(fd);
-      throw ProtocolError("arena descriptor is smaller than announced or not sealed");
-    }
+    if (want == 0 || fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < want || seals < 0 ||
+        (seals & need) != need)
+      throw ProtocolError("segment descriptor is smaller than announced or not sealed");
     size = want;
     base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    int e = errno;
-    ::close(fd);
-    if (base == MAP_FAILED) throw ServerDeadError(std::string("cannot map the arena: ") + std::strerror(e));
+    if (base == MAP_FAILED) throw ServerDeadError(std::string("cannot map a segment: ") + std::strerror(errno));
   }
 };
 
