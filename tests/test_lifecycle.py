@@ -6,9 +6,11 @@ import concurrent.futures
 import os
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from helpers import (
 import helpers
 import shmserve
 from shmserve import errors
+from shmserve.protocol import LAYOUT, ClientState
 from shmserve.segments import SHM_DIR, control_size, remove_segments
 
 pytestmark = pytest.mark.timeout(60)
@@ -367,6 +370,7 @@ def test_model_that_never_loads_is_unavailable_not_a_hung_start(server_factory):
     def setup(repo):
         helpers.write_model(repo, "hangs", helpers.python_config("hangs"), """
 import time
+from pathlib import Path
 
 
 class TritonPythonModel:
@@ -456,3 +460,34 @@ def test_crash_looping_model_becomes_unavailable(server_factory):
         c.infer("crashloop", [np.ones((1, 2), np.float32)], timeout=10)
     assert "retired" in server.log(), server.log(2000)
     assert_serving(c)
+
+
+def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_server, make_client):
+    """ServerMaps.arena() answers None once a lease ended but never unmaps: a request
+    of the batch in hand (or of a queue) may still use the mapping. The unmapping waits
+    for drop_ended_leases, which the worker and the batcher call between batches."""
+    from shmserve.segments import Segment
+    from shmserve.server_maps import ServerMaps
+
+    pid = main_server.pid
+    control = next(f"/proc/{pid}/fd/{fd.name}" for fd in Path(f"/proc/{pid}/fd").iterdir()
+                   if os.readlink(fd).startswith("/memfd:shmserve-control"))
+    srv = Segment(main_server.prefix + "-srv")
+    try:
+        max_clients, slots, n_models, n_workers = struct.unpack_from("<IIII", srv.buffer, 12)
+    finally:
+        srv.close()
+    maps = ServerMaps({"max_clients": max_clients, "slots_per_client": slots,
+                       "n_models": n_models, "n_workers": n_workers, "control": control,
+                       "control_bytes": os.stat(control).st_size,
+                       "server": main_server.prefix + "-srv", "spin_us": 0, "max_spin_us": 0,
+                       "coordinator_pid": pid})
+    c = make_client(arena_bytes=1 << 20)
+    state, lease = maps.lease_of(c.client_id)
+    seg, _ = maps.arena(c.client_id, lease)
+    c.close()
+    assert wait_until(lambda: maps.lease_of(c.client_id)[0] != ClientState.ALIVE, 10)
+    assert maps.arena(c.client_id, lease) is None
+    assert seg.ops is not None and seg.ops.load64(0) == LAYOUT["MAGIC_ARENA"]  # still usable
+    maps.drop_ended_leases()
+    assert seg.ops is None
