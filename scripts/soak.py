@@ -432,15 +432,30 @@ class Soak:
                     self.violations.append(f"{path.name}: answer for unknown id {rid}")
         return {"totals": totals, "per_model": per_model}
 
+    def coordinator_arenas(self) -> list[str]:
+        out = []
+        for fd in Path(f"/proc/{self.proc.pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("/memfd:shmserve-arena-"):
+                out.append(target)
+        return out
+
     def finish(self, rss_start, rss_peak, t0) -> int:
         a = self.args
         counts = self.check_logs()
-        # no client left: only the control and server segments may remain
+        # no client left: only the server segment may remain in /dev/shm (the control
+        # segment and the arenas are memfds), and the coordinator holds no arena
         time.sleep(1.0)
         left = shm_entries(self.prefix)
-        expected = sorted([f"{self.prefix.lstrip('/')}-ctl", f"{self.prefix.lstrip('/')}-srv"])
+        expected = [f"{self.prefix.lstrip('/')}-srv"]
         if left != expected:
             self.violations.append(f"/dev/shm after all clients left: {left} (expected {expected})")
+        arenas = self.coordinator_arenas()
+        if arenas:
+            self.violations.append(f"arenas still open in the coordinator with no client: {arenas}")
         rss_end = self.sample_rss()
         with self.client() as c:
             states = {m["name"]: m["state"] for m in c.models()}
