@@ -237,6 +237,16 @@ def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
         time.sleep(interval)
 
 
+def _stop_with_pytest() -> None:
+    """In the server's child before exec: SIGTERM it (a clean shutdown that removes its
+    segments) if pytest dies without running fixture teardown (kill -9, a hard timeout)."""
+    import signal
+
+    from shmserve import _core
+
+    _core.set_parent_death_signal(signal.SIGTERM)
+
+
 class ServerProcess:
     """`python -m shmserve.cli serve` in its own session, with its own runtime dir."""
 
@@ -274,7 +284,7 @@ class ServerProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, env=self.env(),
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_stop_with_pytest)
         log.close()
         deadline = time.monotonic() + timeout
         while True:
