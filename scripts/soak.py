@@ -44,7 +44,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from shmserve.proctree import children_of, group_members  # noqa: E402
+from shmserve.proctree import children_of, group_members, open_memfds  # noqa: E402
 
 SHM_DIR = Path("/dev/shm")
 
@@ -432,17 +432,6 @@ class Soak:
                     self.violations.append(f"{path.name}: answer for unknown id {rid}")
         return {"totals": totals, "per_model": per_model}
 
-    def coordinator_arenas(self) -> list[str]:
-        out = []
-        for fd in Path(f"/proc/{self.proc.pid}/fd").iterdir():
-            try:
-                target = os.readlink(fd)
-            except OSError:
-                continue
-            if target.startswith("/memfd:shmserve-arena-"):
-                out.append(target)
-        return out
-
     def finish(self, rss_start, rss_peak, t0) -> int:
         a = self.args
         counts = self.check_logs()
@@ -453,7 +442,7 @@ class Soak:
         expected = [f"{self.prefix.lstrip('/')}-srv"]
         if left != expected:
             self.violations.append(f"/dev/shm after all clients left: {left} (expected {expected})")
-        arenas = self.coordinator_arenas()
+        arenas = open_memfds(self.proc.pid, "shmserve-arena-")
         if arenas:
             self.violations.append(f"arenas still open in the coordinator with no client: {arenas}")
         rss_end = self.sample_rss()

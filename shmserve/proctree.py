@@ -53,3 +53,22 @@ def descendants(pid: int, table: dict[int, Proc] | None = None) -> set[int]:
                 found.add(p.pid)
                 frontier.append(p.pid)
     return found
+
+
+def open_memfds(pid: int, label: str) -> list[str]:
+    """The memfds whose label starts with `label` that process pid holds open, each
+    once (Python's mmap keeps a second descriptor of what it maps): a coordinator's
+    arenas are "shmserve-arena-", one per live lease."""
+    found = set()
+    try:
+        entries = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    for fd in entries:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/memfd:" + label):
+            found.add(target)
+    return sorted(found)

@@ -204,6 +204,9 @@ def write_test_models(repo: Path) -> None:
 
 # ---------------------------------------------------------------- processes and /dev/shm
 
+from shmserve.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
+
+
 def shm_entries(prefix: str) -> list[str]:
     """/dev/shm entries of the server whose segment names start with `prefix`."""
     base = prefix.lstrip("/") + "-"
@@ -211,20 +214,8 @@ def shm_entries(prefix: str) -> list[str]:
 
 
 def arena_fds(pid: int) -> list[str]:
-    """The arenas (memfds) a coordinator holds open: one per live lease (each open
-    twice: its descriptor and the one Python's mmap keeps)."""
-    out = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("/memfd:shmserve-arena-"):
-            out.add(target)
-    return sorted(out)
-
-
-from shmserve.proctree import children_of, group_members  # noqa: E402,F401
+    """The arenas (memfds) a coordinator holds open: one per live lease."""
+    return open_memfds(pid, "shmserve-arena-")
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
