@@ -31,6 +31,7 @@ class Pending:
     arrived_ns: int
     arena: object
     slot_off: int
+    generation: int = 0  # of the slot's request, to answer it
 
 
 class ModelQueue:
@@ -155,13 +156,12 @@ class Batcher:
             return
         model_id, rows, key = taken
         q = self.models[model_id]
+        p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen)
         if q.spec.max_queue_size and len(q.queue) >= q.spec.max_queue_size:
-            self.maps.model_add(model_id, "request_failure", 1)
-            arena.ops.complete(slot_off, gen, int(Status.BUSY),
-                               f"model '{q.spec.name}': queue is full (max_queue_size "
-                               f"{q.spec.max_queue_size}); retry later", [])
+            self.reject(q, p, Status.BUSY, f"model '{q.spec.name}': queue is full (max_queue_size "
+                        f"{q.spec.max_queue_size}); retry later")
             return
-        q.queue.append(Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off))
+        q.queue.append(p)
 
     def may_skip_claim(self, owner: int, head_seq: int) -> bool:
         """The ring head is claimed by `owner` and not published. Skip it if that
@@ -300,28 +300,25 @@ class Batcher:
         next one expires."""
         timeout_ns = q.spec.queue_timeout_us * 1000
         while q.queue and now - q.queue[0].arrived_ns >= timeout_ns:
-            p = q.queue.popleft()
-            if p.arena.ops is None:  # its lease ended: nobody to answer
-                continue
-            gen = self.maps.srv.read_shadow(self.maps.layout.shadow_at(p.shadow))[2]
-            p.arena.ops.complete(p.slot_off, gen, int(Status.UNAVAILABLE),
-                                 f"model '{q.spec.name}': request timed out in the queue after "
-                                 f"{q.spec.queue_timeout_us} us (default_queue_policy)", [])
-            self.maps.model_add(q.model_id, "request_failure", 1)
+            self.reject(q, q.queue.popleft(), Status.UNAVAILABLE,
+                        f"model '{q.spec.name}': request timed out in the queue after "
+                        f"{q.spec.queue_timeout_us} us (default_queue_policy)")
         return q.queue[0].arrived_ns + timeout_ns if q.queue else None
 
     def fail_queue(self, q: ModelQueue) -> None:
         """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""
         while q.queue:
-            p = q.queue.popleft()
-            if p.arena.ops is None:  # its lease ended: nobody to answer
-                continue
-            client_id, slot, gen, _, _, _, _ = self.maps.srv.read_shadow(
-                self.maps.layout.shadow_at(p.shadow))
-            p.arena.ops.complete(p.slot_off, gen, int(Status.UNAVAILABLE),
-                                 f"model '{q.spec.name}' is not available (its workers "
-                                 "crash-looped; see `shmserve models`)", [])
-            self.maps.model_add(q.model_id, "request_failure", 1)
+            self.reject(q, q.queue.popleft(), Status.UNAVAILABLE,
+                        f"model '{q.spec.name}' is not available (its workers crash-looped; "
+                        "see `shmserve models`)")
+
+    def reject(self, q: ModelQueue, p: Pending, status: Status, message: str) -> None:
+        """Answers a request of q with an error, unless its lease ended meanwhile (its
+        arena is unmapped: nobody is left to answer)."""
+        if p.arena.ops is None:
+            return
+        p.arena.ops.complete(p.slot_off, p.generation, int(status), message, [])
+        self.maps.model_add(q.model_id, "request_failure", 1)
 
     def hand_over(self, q: ModelQueue, worker: int, batch: list[Pending], now: int) -> None:
         # A request whose lease ended while queued has no arena any more (unmapped).
