@@ -543,7 +543,7 @@ def parse_args(argv=None):
     if args.triton is None:
         args.triton = PEERS_PY.exists()
     if args.client_spin_us is None:
-        from shmserve.client import SPIN_US
+        from shmserve.client.client import SPIN_US
         args.client_spin_us = SPIN_US
     return args
 

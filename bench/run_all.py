@@ -41,9 +41,9 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
 import latency as L  # noqa: E402  (server control, machine info, references)
-from shmserve.benchmark import BenchConfig, report, run_benchmark  # noqa: E402
-from shmserve.benchmark import plot as PL  # noqa: E402
-from shmserve.benchmark import stats as S  # noqa: E402
+from shmserve_bench import BenchConfig, report, run_benchmark  # noqa: E402
+from shmserve_bench import plot as PL  # noqa: E402
+from shmserve_bench import stats as S  # noqa: E402
 
 TRITON_GRPC = "127.0.0.1:18001"
 IDENTITY = {"4KiB": 1024, "1MiB": 262144}
@@ -296,7 +296,7 @@ def render(res: dict, s: dict) -> str:
          f"{res['load_after']['loadavg']} (busy {res['load_after']['busy_pct_of_one_core']} %)",
          "- client, server and Triton share these CPUs (no pinning). The machine is shared with "
          "other sessions: numbers move between runs; ratios within a run are the robust figures.",
-         f"- harness: `shmserve.benchmark` (the library behind `shmserve bench`); windows of "
+         f"- harness: `shmserve_bench` (the library behind `shmserve bench`); windows of "
          f"{res['args']['window_ms']} ms after {res['args']['warmup']} s warm-up, until 3 windows "
          f"agree within 10 % or {res['args']['max_trials']} windows; figures over the last 3 "
          "windows. Latency is the client's call to return.", "",

@@ -24,7 +24,7 @@ inputs and outputs, ranks 0-8, 63-byte and non-ASCII names, one model not ready)
 two client arenas (ArenaLayout, 4 slots, 4 KiB and 64 KiB of data). Each input fills
 one slot (request bytes, state and generation words, some arena header and data bytes)
 from the fuzzer, either raw or as a well-formed request with a few mutated fields, and
-calls Mapping.take(...) with the batcher's arguments (shmserve/batcher.py
+calls Mapping.take(...) with the batcher's arguments (shmserve/server/intake.py
 Batcher.take). After every call it checks, raising AssertionError on a violation:
 
   - take returns None, (status, message) with a known non-OK status and a non-empty
@@ -77,11 +77,11 @@ import numpy as np  # noqa: F401  imported before instrumentation: not instrumen
 with atheris.instrument_imports(include=["shmserve"]):
     from shmserve import _core
     from shmserve import protocol as P
-    from shmserve.coordinator import Coordinator
+    from shmserve.server.coordinator import Coordinator
     from shmserve.protocol import LAYOUT as L
     from shmserve.protocol import SlotState, Status
-    from shmserve.repository import ModelSpec, TensorSpec
-    from shmserve.segments import ArenaLayout, ServerLayout
+    from shmserve.server.repository import ModelSpec, TensorSpec
+    from shmserve.server.segments import ArenaLayout, ServerLayout
 
 D = P.DTYPE_CODES
 BYTES = D["BYTES"]

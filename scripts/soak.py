@@ -44,7 +44,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from shmserve.proctree import children_of, group_members, open_memfds  # noqa: E402
+from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402
 
 SHM_DIR = Path("/dev/shm")
 

@@ -20,7 +20,7 @@ def _size(text: str) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .coordinator import ServeOptions, run
+    from .server.coordinator import ServeOptions, run
 
     return run(ServeOptions(model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
@@ -105,7 +105,7 @@ def cmd_infer(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .benchmark.cli import run
+    from shmserve_bench.cli import run
 
     return run(args)
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--name", default=DEFAULT_NAME)
     i.set_defaults(fn=cmd_infer)
 
-    from .benchmark.cli import add_arguments as bench_arguments
+    from shmserve_bench.cli import add_arguments as bench_arguments
 
     b = sub.add_parser("bench", help="latency and throughput benchmark (perf_analyzer's flags)")
     bench_arguments(b)

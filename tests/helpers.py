@@ -20,7 +20,8 @@ import numpy as np
 import shmserve
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
-from shmserve.segments import SHM_DIR, Segment, remove_segments
+from shmserve.segments import Segment
+from shmserve.server.segments import SHM_DIR, remove_segments
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_REPO = REPO_ROOT / "model_repository"
@@ -204,7 +205,7 @@ def write_test_models(repo: Path) -> None:
 
 # ---------------------------------------------------------------- processes and /dev/shm
 
-from shmserve.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
+from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
 
 
 def shm_entries(prefix: str) -> list[str]:

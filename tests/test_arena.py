@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shmserve.arena import ArenaAllocator, ArenaFull
+from shmserve.client.arena import ArenaAllocator, ArenaFull
 from shmserve.protocol import DATA_ALIGN
 
 BEGIN = 8192

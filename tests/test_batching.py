@@ -1,8 +1,8 @@
 """Unit tests of the dynamic batching rules (batcher.ModelQueue), no server."""
 from __future__ import annotations
 
-from shmserve.batcher import ModelQueue, Pending
-from shmserve.repository import ModelSpec, TensorSpec
+from shmserve.server.batcher import ModelQueue, Pending
+from shmserve.server.repository import ModelSpec, TensorSpec
 
 US = 1000  # ns
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import helpers
-from shmserve.benchmark import BenchConfig, report, run_benchmark
+from shmserve_bench import BenchConfig, report, run_benchmark
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUICK = ["-p", "250", "--warmup", "0.2", "-r", "3", "-s", "100"]

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from shmserve.benchmark.schedule import Schedule, WorkerSchedule, deal
+from shmserve_bench.schedule import Schedule, WorkerSchedule, deal
 
 
 def test_constant_schedule_is_evenly_spaced():

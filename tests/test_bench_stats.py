@@ -1,10 +1,10 @@
-"""shmserve.benchmark.stats against distributions whose answers are known."""
+"""shmserve_bench.stats against distributions whose answers are known."""
 import math
 
 import numpy as np
 import pytest
 
-from shmserve.benchmark import stats as S
+from shmserve_bench import stats as S
 
 
 def test_percentiles_of_a_uniform_grid_are_exact():

@@ -207,7 +207,7 @@ def test_arena_larger_than_available_memory(main_server):
     """An arena (a memfd, outside /dev/shm) larger than the memory available is
     refused with the numbers, as a ShmSpaceError: the server reserves every arena up
     front, so a mapping never faults later."""
-    from shmserve.segments import mem_available_bytes
+    from shmserve.server.segments import mem_available_bytes
 
     want = mem_available_bytes() + (1 << 30)
     if want > 1 << 40:

@@ -277,10 +277,10 @@ def test_decode_bytes_any_shape_raises_only_value_error(buf, shape):
 WIDEST_REQUEST = '''
 import mmap, types
 from shmserve import _core
-from shmserve.coordinator import Coordinator
+from shmserve.server.coordinator import Coordinator
 from shmserve.protocol import LAYOUT as L
-from shmserve.repository import ModelSpec, TensorSpec
-from shmserve.segments import ArenaLayout, ServerLayout
+from shmserve.server.repository import ModelSpec, TensorSpec
+from shmserve.server.segments import ArenaLayout, ServerLayout
 spec = ModelSpec(name="wide", version=1, backend="python", path="", max_batch_size=0,
                  inputs=tuple(TensorSpec(f"I{k}", 6, (-1,) * 8) for k in range(16)),
                  outputs=(TensorSpec("O", 6, (-1,)),), instance_count=1, dynamic_batching=False,

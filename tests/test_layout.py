@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from shmserve import _core
 from shmserve.protocol import DTYPE_CODES, LAYOUT, SLOT_BYTES
-from shmserve.segments import ArenaLayout, ServerLayout, control_ring_offset
+from shmserve.server.segments import ArenaLayout, ServerLayout, control_ring_offset
 
 PINNED = {
     "tensor_ref.size": 96,

@@ -28,7 +28,7 @@ import helpers
 import shmserve
 from shmserve import errors
 from shmserve.protocol import LAYOUT, ClientState
-from shmserve.segments import SHM_DIR, control_size, remove_segments
+from shmserve.server.segments import SHM_DIR, control_size, remove_segments
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -247,7 +247,7 @@ def test_retry_safe_model_fails_a_batch_that_kills_twice(server_factory):
 
 def test_retry_parameter_must_be_a_boolean(tmp_path):
     from shmserve.errors import ConfigError
-    from shmserve.repository import load_repository
+    from shmserve.server.repository import load_repository
 
     write_model(tmp_path, "m", python_config("m", extra=RETRY.replace('"true"', '"sometimes"')),
                 CRASHER_CODE)
@@ -395,7 +395,7 @@ class TritonPythonModel:
 def _batcher_pid(server) -> int:
     for pid in helpers.children_of(server.pid):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if b"shmserve.batcher" in f.read():
+            if b"shmserve.server.batcher" in f.read():
                 return pid
     raise AssertionError("no batcher process")
 
@@ -467,7 +467,7 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
     of the batch in hand (or of a queue) may still use the mapping. The unmapping waits
     for drop_ended_leases, which the worker and the batcher call between batches."""
     from shmserve.segments import Segment
-    from shmserve.server_maps import ServerMaps
+    from shmserve.server.maps import ServerMaps
 
     pid = main_server.pid
     control = next(f"/proc/{pid}/fd/{fd.name}" for fd in Path(f"/proc/{pid}/fd").iterdir()

@@ -12,7 +12,7 @@ from shmserve import _core
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import RingResult
-from shmserve.segments import control_ring_offset, control_size, init_control
+from shmserve.server.segments import control_ring_offset, control_size, init_control
 
 pytestmark = pytest.mark.timeout(60)
 

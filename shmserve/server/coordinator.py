@@ -17,13 +17,14 @@ import subprocess
 import sys
 import time
 
-from . import protocol as P
-from .errors import ConfigError, ShmServeError, ShmSpaceError
-from .protocol import LAYOUT as L
+from .. import protocol as P
+from ..errors import ConfigError, ShmServeError, ShmSpaceError
+from ..protocol import LAYOUT as L
 from .repository import ModelSpec, load_repository
-from .segments import (ArenaLayout, Segment, ServerLayout, control_size, init_control,
-                       new_prefix, pid_alive, read_record, record_path, remove_segments,
-                       resolve_group, share_with_group, socket_path, unreachable_by_group,
+from ..segments import Segment, pid_alive, socket_path
+from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
+                       init_control, new_prefix, read_record, record_path, remove_segments,
+                       resolve_group, share_with_group, unreachable_by_group,
                        write_record)
 
 log = logging.getLogger("shmserve.coordinator")
@@ -112,10 +113,10 @@ class Coordinator:
             ring <<= 1
         # Records first, so that a crash from here on can be cleaned by the next start.
         write_record(o.name, {"pid": os.getpid(), "prefix": self.prefix, "socket": str(self.sock_path)})
-        self.control = Segment.sealed("shmserve-control", control_size(ring),
-                                      what="control segment (request ring)")
-        self.server = Segment(self.prefix + "-srv", self.layout.size, create=True,
-                              what="server segment (--max-clients x --slots-per-client)")
+        self.control = create_sealed("shmserve-control", control_size(ring),
+                                     what="control segment (request ring)")
+        self.server = create_named(self.prefix + "-srv", self.layout.size,
+                                   what="server segment (--max-clients x --slots-per-client)")
         init_control(self.control.buffer, self.control.ops, ring, os.getpid())
         if self.gid is not None:  # group clients must reach the socket
             share_with_group(self.sock_path.parent, self.gid, 0o710)
@@ -164,7 +165,7 @@ class Coordinator:
     def spawn(self, child: Child, handshake: bool = False) -> None:
         """Starts a child; with handshake, its stdout is a pipe on which a worker says
         whether its model loaded (read by start_children)."""
-        child.proc = subprocess.Popen([sys.executable, "-m", f"shmserve.{child.role}"],
+        child.proc = subprocess.Popen([sys.executable, "-m", f"shmserve.server.{child.role}"],
                                       stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE if handshake else subprocess.DEVNULL)
         child.proc.stdin.write((json.dumps(child.boot) + "\n").encode())
@@ -235,7 +236,7 @@ class Coordinator:
         generation = (srv.load32(entry + L["client_entry.generation"]) + 1) & 0xFFFFFFFF
         alayout = ArenaLayout.for_data(self.layout.slots_per_client, want)
         self._arena_counter += 1
-        arena = Segment.sealed(f"shmserve-arena-{client_id}-{self._arena_counter}",
+        arena = create_sealed(f"shmserve-arena-{client_id}-{self._arena_counter}",
                                alayout.segment_bytes, what=f"arena of client pid {peer_pid}")
         _put(arena.buffer, 0, "<QIIIIQQQ", L["MAGIC_ARENA"], L["PROTOCOL_VERSION"], client_id,
              generation, alayout.n_slots, alayout.slots_offset, alayout.data_offset,

@@ -13,8 +13,8 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from .errors import ConfigError
-from .protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
+from ..errors import ConfigError
+from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
 
 # backend name -> (accepted platform names, default model file)
 BACKENDS = {

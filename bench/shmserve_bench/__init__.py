@@ -2,7 +2,7 @@
 
 The library behind `shmserve bench`. In short:
 
-    from shmserve.benchmark import BenchConfig, run_benchmark
+    from shmserve_bench import BenchConfig, run_benchmark
     results = run_benchmark(BenchConfig(model="mlp", concurrency=[1, 8, 32]))
     for level in results[0].levels:
         print(level.concurrency, level.throughput, level.latency_us["p99"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import threading
 
-from .protocol import DATA_ALIGN
+from ..protocol import DATA_ALIGN
 
 
 class ArenaFull(Exception):

@@ -12,7 +12,7 @@ import uuid
 
 import numpy as np
 
-from .. import protocol as P
+from shmserve import protocol as P
 from .targets import error_text
 
 

@@ -2,7 +2,7 @@
 batches the batcher puts in its mailbox, reading inputs from and writing outputs to
 the callers' arenas.
 
-    python -m shmserve.worker   (started by the coordinator; boot message on stdin)
+    python -m shmserve.server.worker   (started by the coordinator; boot message on stdin)
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import traceback
 
 import numpy as np
 
-from .backends import load_backend
-from .protocol import LAYOUT, Status, Timestamp, decode_bytes, encode_bytes, numpy_dtype
+from ..backends import load_backend
+from ..protocol import LAYOUT, Status, Timestamp, decode_bytes, encode_bytes, numpy_dtype
 from .repository import ModelSpec
-from .server_maps import ServerMaps, child_setup
+from .maps import ServerMaps, child_setup
 
 L = LAYOUT
 BYTES = 13

@@ -1,7 +1,7 @@
 """Batcher process: drains the request ring, validates each request, keeps one
 queue per model, forms dynamic batches and hands them to idle instance workers.
 
-    python -m shmserve.batcher   (started by the coordinator; boot message on stdin)
+    python -m shmserve.server.batcher   (started by the coordinator; boot message on stdin)
 """
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import collections
 import dataclasses
 import logging
 
-from ._core import now_ns
-from .protocol import (LAYOUT, MAX_BATCH_REQUESTS, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
+from .._core import now_ns
+from ..protocol import (LAYOUT, MAX_BATCH_REQUESTS, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
                        RingConsumer, SlotState, Status, Timestamp)
 from .repository import ModelSpec
-from .server_maps import ServerMaps, child_setup
+from .maps import ServerMaps, child_setup
 
 L = LAYOUT
 log = logging.getLogger("shmserve.batcher")

@@ -7,10 +7,11 @@ import logging
 import os
 import sys
 
-from . import _core
-from .protocol import LAYOUT, NAME_BYTES, ClientState, Status
-from .segments import ArenaLayout, Segment, ServerLayout
-from .waiting import AdaptiveSpin
+from .. import _core
+from ..protocol import LAYOUT, NAME_BYTES, ClientState, Status
+from ..segments import Segment
+from .segments import ArenaLayout, ServerLayout
+from ..waiting import AdaptiveSpin
 
 L = LAYOUT
 log = logging.getLogger("shmserve.maps")

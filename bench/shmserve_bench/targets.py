@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 
-from .. import proctree
-from .. import protocol as P
+from . import proctree
+from shmserve import protocol as P
 
 NO_STAMPS = (0,) * 8
 
@@ -57,7 +57,7 @@ class ShmTarget:
     def __init__(self, name: str, model: str, version=None, timeout_s: float = 30.0,
                  arena_bytes: int | None = None, spin_us: int | None = None,
                  socket_path: str | None = None):
-        from ..client import Client
+        from shmserve.client import Client
 
         self.model, self.version, self.timeout = model, version, timeout_s
         self.client = Client(name, socket_path_=socket_path, arena_bytes=arena_bytes,

@@ -20,12 +20,12 @@ import weakref
 
 import numpy as np
 
-from . import errors
-from . import protocol as P
+from .. import errors
+from .. import protocol as P
 from .arena import ArenaAllocator, ArenaFull
-from .protocol import LAYOUT as L
-from .segments import DEFAULT_NAME, Segment, pid_alive, socket_path
-from .waiting import AdaptiveSpin
+from ..protocol import LAYOUT as L
+from ..segments import DEFAULT_NAME, Segment, pid_alive, socket_path
+from ..waiting import AdaptiveSpin
 
 _BYTES = P.DTYPE_CODES["BYTES"]
 _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in

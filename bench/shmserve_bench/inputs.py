@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import protocol as P
+from shmserve import protocol as P
 
 
 class InputError(ValueError):

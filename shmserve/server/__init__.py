@@ -1,0 +1,1 @@
+"""The server's process roles: coordinator, batcher, workers (python -m shmserve.server.<role>)."""
