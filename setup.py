@@ -1,12 +1,14 @@
 """Builds the C core (shmserve/csrc); everything else is in pyproject.toml."""
+import glob
+
 from setuptools import Extension, setup
 
 setup(
     ext_modules=[
         Extension(
             "shmserve._core",
-            sources=["shmserve/csrc/core.c"],
-            depends=["shmserve/csrc/shmserve.h"],
+            sources=["shmserve/csrc/core.c", "shmserve/csrc/mapping.c", "shmserve/csrc/slots.c"],
+            depends=glob.glob("shmserve/csrc/*.h"),
             include_dirs=["shmserve/csrc"],
             extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",
                                 "-Wno-missing-field-initializers"],

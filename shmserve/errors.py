@@ -45,15 +45,17 @@ class BadDescriptorError(ShmServeError):
 
 
 class ServerDeadError(ShmServeError):
-    """The server is gone (stopped or crashed): no request can be answered."""
+    """The server is gone (stopped or crashed) or ended this client's lease: no request
+    of this client can be answered. Not retryable on this Client."""
 
-    code = P.Status.UNAVAILABLE
+    code = P.Status.SERVER_DEAD
 
 
 class ServerTimeoutError(ShmServeError):
-    """The caller's timeout expired before the answer came."""
+    """The caller's timeout expired before the answer came (the server may still be
+    working on it)."""
 
-    code = P.Status.UNAVAILABLE
+    code = P.Status.TIMEOUT
 
 
 class ConfigError(ShmServeError):
@@ -76,6 +78,8 @@ _BY_CODE = {
     P.Status.INTERNAL: InternalError,
     P.Status.BUSY: BusyError,
     P.Status.BAD_DESCRIPTOR: BadDescriptorError,
+    P.Status.SERVER_DEAD: ServerDeadError,
+    P.Status.TIMEOUT: ServerTimeoutError,
 }
 
 

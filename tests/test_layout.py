@@ -1,14 +1,21 @@
 """The shared-memory layout: what the compiled extension reports equals what
-csrc/shmserve.h pins with _Static_assert, and the numbers a third-party client would
-hard-code (docs/protocol.md) never change silently."""
+csrc/shms_layout.h pins with _Static_assert, the numbers a third-party client would
+hard-code (docs/protocol.md) never change silently, and Python's view of every struct
+and enum comes from the header (a scratch build that moves a field is followed)."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import sysconfig
 
+import pytest
 from helpers import REPO_ROOT
 from tritonclient.grpc import model_config_pb2 as mc
 
 from shmserve import _core
+from shmserve import protocol as P
 from shmserve.protocol import DTYPE_CODES, LAYOUT, SLOT_BYTES
 from shmserve.server.segments import ArenaLayout, ServerLayout, control_ring_offset
 
@@ -51,7 +58,7 @@ def test_layout_matches_pinned_numbers():
 
 def test_layout_matches_header_static_asserts():
     """Every _Static_assert of shmserve.h, evaluated with the extension's numbers."""
-    header = (REPO_ROOT / "shmserve" / "csrc" / "shmserve.h").read_text()
+    header = (REPO_ROOT / "shmserve" / "csrc" / "shms_layout.h").read_text()
     layout = _core.layout()
     constants = {f"SHMS_{k}": v for k, v in layout.items() if k.isupper()}
 
@@ -97,3 +104,65 @@ def test_python_layouts_are_aligned_and_disjoint():
                (srv.mailboxes_offset + 4 * LAYOUT["mailbox.size"], srv.size)]
     for end_of_previous, start in regions:
         assert start % 64 == 0 and start >= end_of_previous
+
+
+def test_enums_come_from_the_header():
+    enums = _core.enums()
+    for name, members in enums.items():
+        python = getattr(P, name)
+        assert {m.name: int(m) for m in python} == members, name
+    assert enums["Status"]["SERVER_DEAD"] != enums["Status"]["TIMEOUT"]
+    assert enums["Status"]["SERVER_DEAD"] != enums["Status"]["UNAVAILABLE"]
+
+
+def test_every_field_has_offset_and_size():
+    for key, value in LAYOUT.items():
+        if key.endswith(".bytes"):
+            struct_name = key.split(".")[0]
+            offset = LAYOUT[key.removesuffix(".bytes")]
+            assert offset + value <= LAYOUT[f"{struct_name}.size"], key
+
+
+PROBE = r"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("shmserve._core", sys.argv[1])
+probe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(probe)
+sys.modules["shmserve._core"] = probe
+import shmserve
+shmserve._core = probe
+from shmserve import protocol as P
+from shmserve.server.segments import ArenaLayout
+import mmap
+lay = ArenaLayout.for_data(2, 1 << 16)
+mm = mmap.mmap(-1, lay.segment_bytes)
+ops = probe.Mapping(mm)
+ops.init_arena(2, 1 << 16, 7, 1)
+ops.check_header("arena")
+slot = lay.slot(1)
+ops.write_request(slot, 5, 42, [(0, P.DataType.FP32, lay.data_offset, 12, (1, 3))],
+                  [(0, 0, lay.data_offset + 64, 64, ())])
+req = slot + P.LAYOUT["slot.request"]
+first = req + P.LAYOUT["request.inputs"]
+print(P.LAYOUT["slot.request"], P.SLOT_BYTES, ops.load32(req + P.LAYOUT["request.model_id"]),
+      ops.load32(slot + P.LAYOUT["slot.state"]) == P.SlotState.SUBMITTED,
+      ops.load64(first + P.LAYOUT["tensor_ref.shape"] + 8))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_python_follows_a_moved_field(tmp_path):
+    """A scratch build of the C core with SHMS_LAYOUT_PROBE moves shms_slot.request
+    by 64 bytes: Python's offsets, sizes and arena layout follow it, and a request
+    written by the C core is read back by Python where the header put it."""
+    csrc = REPO_ROOT / "shmserve" / "csrc"
+    include = sysconfig.get_paths()["include"]
+    out = tmp_path / ("_core" + sysconfig.get_config_var("EXT_SUFFIX"))
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, "-shared", "-fPIC", "-std=gnu11", "-O0", "-DSHMS_LAYOUT_PROBE",
+                    f"-I{csrc}", f"-I{include}", *(str(csrc / f) for f in
+                    ("core.c", "mapping.c", "slots.c")), "-o", str(out)], check=True)
+    got = subprocess.run([sys.executable, "-c", PROBE, str(out)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert got == [str(PINNED["slot.request"] + 64), str(PINNED["slot.size"] + 64), "42",
+                   "True", "3"]

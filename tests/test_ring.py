@@ -30,7 +30,7 @@ class Ring:
         self.capacity = capacity
         self.mm = mmap.mmap(-1, control_size(capacity))  # MAP_SHARED: forks see it
         self.ops = _core.Mapping(self.mm)
-        init_control(self.mm, self.ops, capacity, os.getpid())
+        init_control(self.ops, capacity, os.getpid())
         self.producer = P.Ring(self.ops)
         self.consumer = P.RingConsumer(self.ops, 0)
 
@@ -264,7 +264,7 @@ def test_not_a_control_segment():
     with pytest.raises(IndexError):
         ops.ring_pop(256, 1 << 20, 0)  # cells past the mapping
     with pytest.raises(ValueError, match="power of two"):
-        init_control(mm, ops, 6, os.getpid())
+        init_control(ops, 6, os.getpid())
 
 
 def test_mapping_bounds_are_checked():

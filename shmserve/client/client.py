@@ -13,7 +13,6 @@ import concurrent.futures
 import math
 import os
 import socket
-import struct
 import threading
 import time
 import weakref
@@ -35,8 +34,6 @@ _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
 SPIN_US = 100  # a caller spins at least this long for its answer before it sleeps
 MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that long
-RING_FULL_WAIT_S = 0.1  # a full ring (only a client breaking it makes one) is retried this long
-RING_MAX_PUSHES = 100  # then the request is refused as BUSY
 
 
 class InferResult(collections.abc.Mapping):
@@ -150,12 +147,11 @@ class Client:
         finally:
             for fd in fds:
                 os.close(fd)  # the mappings keep the memory
-        for seg, magic in ((self._control, L["MAGIC_CONTROL"]), (self._arena, L["MAGIC_ARENA"])):
-            found = struct.unpack_from("<QI", seg.buffer, 0)
-            if found != (magic, P.PROTOCOL_VERSION):
-                raise errors.ShmServeError(
-                    f"segment {seg.name} is not a shmserve protocol {P.PROTOCOL_VERSION} segment "
-                    f"(magic {found[0]:#x}, version {found[1]})", P.Status.INVALID_ARG)
+        for seg, kind in ((self._control, "control"), (self._arena, "arena")):
+            try:
+                seg.ops.check_header(kind)
+            except ValueError as e:
+                raise errors.ShmServeError(f"{seg.name}: {e}", P.Status.INVALID_ARG) from None
         self._ctl, self._ops = self._control.ops, self._arena.ops
         try:
             self._ring = P.Ring(self._ctl)
@@ -404,12 +400,12 @@ class Client:
             self._inflight[slot] = req
         self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
         try:
-            rc = self._push(slot, gen)
+            rc = self._ring.push_request(self.client_id, slot, gen, self._check_server)
         except errors.ServerDeadError:
             rc = None
         # The slot goes back to FREE only if the batcher has not taken it meanwhile
         # (its sweep takes SUBMITTED requests the ring lost): then it is in flight.
-        if rc != P.RingResult.OK and self._ops.cas32(slot_off, P.SlotState.SUBMITTED, P.SlotState.FREE):
+        if rc != P.RingResult.OK and self._ops.withdraw(slot_off):
             with self._lock:
                 del self._inflight[slot]
             self._release_slot(slot)
@@ -419,30 +415,8 @@ class Client:
             if rc == P.RingResult.FULL:
                 raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
             raise errors.BusyError(f"server '{self.name}': the batcher skipped this client's ring "
-                                   f"entry {RING_MAX_PUSHES} times (another client is damaging "
-                                   "the ring); retry later")
-
-    def _push(self, slot: int, gen: int) -> int:
-        """Pushes the entry and rings the batcher. RECLAIMED (our claim was skipped:
-        held past the batcher's grace, or our lease ended) is retried while the lease
-        lives; FULL, which an honest ring never is (it holds every slot of every
-        client), for up to RING_FULL_WAIT_S while the batcher repairs the ring."""
-        deadline = None
-        for attempt in range(RING_MAX_PUSHES):
-            rc = self._ring.push(self.client_id, slot, gen)
-            # SYNC POINT: wakes the batcher sleeping in doorbell_wait on control.doorbell.
-            self._ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
-            if rc == P.RingResult.OK:
-                return rc
-            if rc == P.RingResult.RECLAIMED and attempt % 8 == 7:
-                self._check_server()  # raises if the lease ended: that is why
-            if rc == P.RingResult.FULL:
-                now = time.monotonic()
-                deadline = deadline or now + RING_FULL_WAIT_S
-                if now >= deadline:
-                    return rc
-                time.sleep(0.001)
-        return rc
+                                   "entry again and again (another client is damaging the "
+                                   "ring); retry later")
 
     def _acquire_slot(self) -> int:
         with self._slot_free:
@@ -462,7 +436,7 @@ class Client:
     def _reap_orphans(self) -> None:
         """Slots whose caller gave up (timeout) come back once the server answered."""
         for slot in list(self._orphans):
-            if self._ops.load32(self._slots_offset + slot * P.SLOT_BYTES) == P.SlotState.DONE:
+            if self._ops.is_done(self._slots_offset + slot * P.SLOT_BYTES):
                 self._orphans.discard(slot)
                 req = self._inflight.pop(slot, None)
                 if req:
@@ -492,8 +466,7 @@ class Client:
                     "has stopped" if stopped else "closed this client's lease"))
 
     def _done(self, req: _Request) -> bool:
-        off = self._slots_offset + req.slot * P.SLOT_BYTES
-        return self._ops.load32(off) == P.SlotState.DONE
+        return self._ops.is_done(self._slots_offset + req.slot * P.SLOT_BYTES)
 
     def _wait(self, req: _Request, timeout: float | None) -> InferResult:
         started = self._now()
@@ -533,9 +506,8 @@ class Client:
         """Reads a DONE slot: returns an InferResult, raises the request's error, or
         returns the request resent when an output buffer was too small."""
         slot_off = self._slots_offset + req.slot * P.SLOT_BYTES
-        status, message, results, stamps = self._ops.read_result(slot_off)
+        status, message, results, stamps = self._ops.read_result(slot_off)  # the slot is FREE again
         stamps = stamps[:P.Timestamp.CLIENT_WAKE] + (self._now(),)
-        self._ops.store32(slot_off, P.SlotState.FREE)
         self._release_slot(req.slot)
         if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
             self._alloc.free(req.block, req.block_bytes)

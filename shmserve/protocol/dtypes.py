@@ -6,11 +6,11 @@ import math
 import struct
 
 import numpy as np
-# Triton's DataType numbers; the names are Triton's without the TYPE_ prefix.
-DTYPE_CODES = {
-    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7,
-    "INT32": 8, "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
-}
+
+from .layout import DataType
+
+# Triton's DataType numbers (the header's list); names are Triton's without TYPE_.
+DTYPE_CODES = {t.name: int(t) for t in DataType if t != DataType.INVALID}
 DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
 _NUMPY = {
     "BOOL": np.dtype(np.bool_), "UINT8": np.dtype(np.uint8), "UINT16": np.dtype(np.uint16),

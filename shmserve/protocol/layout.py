@@ -1,5 +1,9 @@
 """The shared-memory layout as Python sees it: every size, offset, constant and enum
-comes from the compiled C core (csrc/shmserve.h), never written here by hand."""
+comes from the compiled C core (csrc/shms_layout.h's tables), never typed here.
+
+LAYOUT["slot.state"] is a field's offset, LAYOUT["slot.state.bytes"] its size,
+LAYOUT["slot.size"] a struct's size, LAYOUT["MAX_TENSORS"] a constant.
+"""
 from __future__ import annotations
 
 import enum
@@ -12,48 +16,22 @@ PROTOCOL_VERSION = LAYOUT["PROTOCOL_VERSION"]
 MAX_TENSORS = LAYOUT["MAX_TENSORS"]
 MAX_DIMS = LAYOUT["MAX_DIMS"]
 NAME_BYTES = LAYOUT["NAME_BYTES"]
+ERROR_BYTES = LAYOUT["ERROR_BYTES"]
 DATA_ALIGN = LAYOUT["DATA_ALIGN"]
 MAX_BATCH_REQUESTS = LAYOUT["MAX_BATCH_REQUESTS"]
+MAILBOX_RETIRED = LAYOUT["MAILBOX_RETIRED"]
 SLOT_BYTES = LAYOUT["slot.size"]
+TensorRef = _core.TensorRef  # (index, dtype, offset, nbytes, shape) + memory_kind, device_id
 
-
-class Status(enum.IntEnum):
-    OK = 0
-    INVALID_ARG = 1
-    NOT_FOUND = 2
-    UNAVAILABLE = 3
-    OUTPUT_TOO_SMALL = 4
-    INTERNAL = 5
-    BUSY = 6
-    BAD_DESCRIPTOR = 7
-
-
-class SlotState(enum.IntEnum):
-    FREE = 0
-    SUBMITTED = 1
-    QUEUED = 2
-    RUNNING = 3
-    DONE = 4
-
-
-class ServerState(enum.IntEnum):
-    STARTING = 0
-    READY = 1
-    STOPPED = 2
-
-
-class ClientState(enum.IntEnum):
-    FREE = 0
-    ALIVE = 1
-    DEAD = 2
-
-
-class Timestamp(enum.IntEnum):
-    CLIENT_WRITE = 0
-    ENQUEUE = 1
-    DEQUEUE = 2
-    BATCHED = 3
-    COMPUTE_START = 4
-    COMPUTE_END = 5
-    COMPLETE = 6
-    CLIENT_WAKE = 7
+_ENUMS = _core.enums()
+# One IntEnum per X-macro list of the header; the names are the header's short names.
+DataType = enum.IntEnum("DataType", _ENUMS["DataType"], module=__name__)
+Status = enum.IntEnum("Status", _ENUMS["Status"], module=__name__)
+SlotState = enum.IntEnum("SlotState", _ENUMS["SlotState"], module=__name__)
+Timestamp = enum.IntEnum("Timestamp", _ENUMS["Timestamp"], module=__name__)
+ServerState = enum.IntEnum("ServerState", _ENUMS["ServerState"], module=__name__)
+ClientState = enum.IntEnum("ClientState", _ENUMS["ClientState"], module=__name__)
+MailboxState = enum.IntEnum("MailboxState", _ENUMS["MailboxState"], module=__name__)
+MemoryKind = enum.IntEnum("MemoryKind", _ENUMS["MemoryKind"], module=__name__)
+RingResult = enum.IntEnum("RingResult", _ENUMS["RingResult"], module=__name__)
+PopResult = enum.IntEnum("PopResult", _ENUMS["PopResult"], module=__name__)

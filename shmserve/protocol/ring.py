@@ -1,15 +1,10 @@
 """This process's view of the request ring (shms_ring in csrc/shmserve.h)."""
 from __future__ import annotations
 
-import enum
+from .layout import PopResult
 
-class RingResult(enum.IntEnum):
-    OK = 0
-    FULL = 1
-    RECLAIMED = 2
-
-
-POP_OK, POP_STALLED, POP_CORRUPT = 1, 2, 3  # shms_pop_result (EMPTY comes back as None)
+# shms_pop_result; EMPTY comes back as None
+POP_OK, POP_STALLED, POP_CORRUPT = PopResult.OK, PopResult.STALLED, PopResult.CORRUPT
 
 
 class Ring:
@@ -21,7 +16,14 @@ class Ring:
         self.offset, self.capacity = ctl_ops.ring_attach()
 
     def push(self, owner: int, slot: int, generation: int) -> int:
+        """One push attempt (tests and tools); clients use push_request."""
         return self.ops.ring_push(self.offset, self.capacity, owner, slot, generation)
+
+    def push_request(self, owner: int, slot: int, generation: int, check_lease) -> int:
+        """Pushes with the protocol's retries and rings the batcher
+        (shms_push_request); check_lease() raises if the lease ended."""
+        return self.ops.push_request(self.offset, self.capacity, owner, slot, generation,
+                                     check_lease)
 
 
 class RingConsumer(Ring):

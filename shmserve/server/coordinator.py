@@ -117,7 +117,7 @@ class Coordinator:
                                      what="control segment (request ring)")
         self.server = create_named(self.prefix + "-srv", self.layout.size,
                                    what="server segment (--max-clients x --slots-per-client)")
-        init_control(self.control.buffer, self.control.ops, ring, os.getpid())
+        init_control(self.control.ops, ring, os.getpid())
         if self.gid is not None:  # group clients must reach the socket
             share_with_group(self.sock_path.parent, self.gid, 0o710)
             blocked = unreachable_by_group(self.sock_path.parent, self.gid)
@@ -125,24 +125,17 @@ class Coordinator:
                 log.warning("group %s cannot reach the socket: %s is not traversable by it; "
                             "set SHMSERVE_RUNTIME_DIR to a directory it can reach",
                             self.opts.group, blocked)
-        lay, s = self.layout, self.server.buffer
-        _put(s, 0, "<QIIIIII", L["MAGIC_SERVER"], L["PROTOCOL_VERSION"], lay.max_clients,
-             lay.slots_per_client, lay.n_models, lay.n_workers, 0)
-        _put(s, L["server.clients_offset"], "<QQQQQ", lay.clients_offset, lay.models_offset,
-             lay.shadows_offset, lay.mailboxes_offset, lay.size)
+        lay = self.layout
+        self.server.ops.init_server(lay.max_clients, lay.slots_per_client, lay.n_models,
+                                    lay.n_workers)
         for model_id, spec in enumerate(self.specs):
             self.write_model_entry(model_id, spec)
 
     def write_model_entry(self, model_id: int, spec: ModelSpec) -> None:
-        off, buf = self.layout.model(model_id), self.server.buffer
-        _put(buf, off, f"{P.NAME_BYTES}s", spec.name.encode())
-        _put(buf, off + L["model.version"], "<qIII", spec.version, spec.max_batch_size,
-             len(spec.inputs), len(spec.outputs))
-        for base, tensors in ((L["model.inputs"], spec.inputs), (L["model.outputs"], spec.outputs)):
-            for i, t in enumerate(tensors):
-                dims = list(t.dims) + [0] * (P.MAX_DIMS - len(t.dims))
-                _put(buf, off + base + i * L["tensor_spec.size"], f"{P.NAME_BYTES}sII{P.MAX_DIMS}q",
-                     t.name.encode(), t.dtype, len(t.dims), *dims)
+        self.server.ops.write_model_entry(
+            self.layout.model(model_id), spec.name, spec.version, spec.max_batch_size,
+            [(t.name, t.dtype, t.dims) for t in spec.inputs],
+            [(t.name, t.dtype, t.dims) for t in spec.outputs])
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
@@ -238,16 +231,10 @@ class Coordinator:
         self._arena_counter += 1
         arena = create_sealed(f"shmserve-arena-{client_id}-{self._arena_counter}",
                                alayout.segment_bytes, what=f"arena of client pid {peer_pid}")
-        _put(arena.buffer, 0, "<QIIIIQQQ", L["MAGIC_ARENA"], L["PROTOCOL_VERSION"], client_id,
-             generation, alayout.n_slots, alayout.slots_offset, alayout.data_offset,
-             alayout.segment_bytes)
-        buf = self.server.buffer
+        arena.ops.init_arena(alayout.n_slots, want, client_id, generation)
         # The batcher and workers open the arena through this process's descriptor.
         path = f"/proc/{os.getpid()}/fd/{arena.fd}"
-        _put(buf, entry + L["client_entry.pid"], "<IIQ", peer_pid, peer_uid, alayout.segment_bytes)
-        _put(buf, entry + L["client_entry.segment"], f"{P.NAME_BYTES}s", path.encode())
-        srv.store32(entry + L["client_entry.generation"], generation)
-        srv.store32(entry + L["client_entry.state"], P.ClientState.ALIVE)
+        srv.write_client_entry(entry, generation, peer_pid, peer_uid, alayout.segment_bytes, path)
         self.leases[client_id] = {"arena": arena, "pid": peer_pid}
         log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
         return {"client_id": client_id, "generation": generation,
@@ -298,18 +285,9 @@ class Coordinator:
         for model_id, spec in enumerate(self.specs):
             if name and spec.name != name:
                 continue
-            off = self.layout.model(model_id)
             row = {"name": spec.name, "version": spec.version,
                    "state": self.model_state.get(model_id, "LOADING")}
-            for field in ("request_success", "request_failure", "inference_count",
-                          "execution_count", "compute_ns", "queue_ns"):
-                row[field] = srv.load64(off + L[f"model.{field}"])
-            hist = {}
-            for n in range(L["BATCH_HIST"]):
-                v = srv.load64(off + L["model.batch_requests"] + 8 * n)
-                if v:
-                    hist[str(n + 1)] = v
-            row["batch_requests"] = hist
+            row.update(srv.model_stats(self.layout.model(model_id)))
             out.append(row)
         return out
 
@@ -339,9 +317,8 @@ class Coordinator:
     async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         sock = writer.get_extra_info("socket")
         creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        pid, uid, _ = struct.unpack("<iII", creds)
+        pid, uid, gid = struct.unpack("<iII", creds)  # struct ucred
         lease = {"pid": pid, "uid": uid, "client_id": None}
-        gid = struct.unpack("<iII", creds)[2]
         if uid not in (os.getuid(), 0) and not (
                 self.gid is not None and (gid == self.gid or self.gid in peer_groups(sock))):
             log.warning("refused a connection from uid %d gid %d pid %d: not this server's "
@@ -418,7 +395,7 @@ class Coordinator:
         model_id = child.boot["model_id"]
         spec = self.specs[model_id]
         mb = self.layout.mailbox(child.boot["worker_index"])
-        self.server.ops.store32(mb + L["mailbox.pid"], L["MAILBOX_RETIRED"])
+        self.server.ops.store32(mb + L["mailbox.pid"], P.MAILBOX_RETIRED)
         log.error("model '%s' instance %d exited %d times in %.0f s (last exit code %s): retired",
                   spec.name, child.boot["worker_index"], CRASH_LOOP[0], CRASH_LOOP[1], code)
         siblings = [c for c in self.children if c.role == "worker" and c.boot["model_id"] == model_id]
@@ -524,10 +501,6 @@ async def send_with_fds(writer: asyncio.StreamWriter, frame: bytes, fds: list[in
         sock.close()  # the duplicate; the transport's own descriptor stays open
     if sent < len(frame):
         writer.write(frame[sent:])
-
-
-def _put(buf, offset: int, fmt: str, *values) -> None:
-    struct.pack_into("<" + fmt.lstrip("<"), buf, offset, *values)
 
 
 def run(opts: ServeOptions, ready_fd: int | None = None) -> int:

@@ -8,7 +8,7 @@ import os
 import sys
 
 from .. import _core
-from ..protocol import LAYOUT, NAME_BYTES, ClientState, Status
+from ..protocol import LAYOUT, ClientState, MailboxState, Status
 from ..segments import Segment
 from .segments import ArenaLayout, ServerLayout
 from ..waiting import AdaptiveSpin
@@ -23,6 +23,7 @@ class ServerMaps:
                                    boot["n_models"], boot["n_workers"])
         self.control = Segment.open_path(boot["control"], boot["control_bytes"])
         self.server = Segment(boot["server"])
+        self.server.ops.check_header("server")
         self.ctl = self.control.ops
         self.srv = self.server.ops
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
@@ -51,11 +52,8 @@ class ServerMaps:
             return cached[1], cached[2]
         if cached:  # an older lease of this client id: unmapped by drop_ended_leases
             self._retired.append(self._arenas.pop(client_id)[1])
-        off = self.layout.client(client_id)
-        raw = bytes(self.server.buffer[off + L["client_entry.segment"]:
-                                       off + L["client_entry.segment"] + NAME_BYTES])
-        size = self.srv.load64(off + L["client_entry.segment_bytes"])
-        path = raw.split(b"\0", 1)[0].decode()  # /proc/<coordinator>/fd/<memfd>
+        # /proc/<coordinator>/fd/<memfd>: the coordinator's descriptor of the arena
+        _, _, size, path = self.srv.read_client_entry(self.layout.client(client_id))
         try:
             seg = Segment.open_path(path, size)
         except (OSError, ValueError) as e:
@@ -64,8 +62,12 @@ class ServerMaps:
             return None
         # The descriptor number may have been reused by a newer lease's arena since we
         # read the table: the header, written by the coordinator, says whose it is.
-        if (seg.ops.load32(L["arena.client_id"]), seg.ops.load32(L["arena.generation"])) != \
-                (client_id, lease) or self.lease_of(client_id) != (ClientState.ALIVE, lease):
+        try:
+            seg.ops.check_header("arena")
+            owner = (seg.ops.load32(L["arena.client_id"]), seg.ops.load32(L["arena.generation"]))
+        except ValueError:
+            owner = None
+        if owner != (client_id, lease) or self.lease_of(client_id) != (ClientState.ALIVE, lease):
             seg.close()
             return None
         layout = ArenaLayout(self.layout.slots_per_client, size)
@@ -88,12 +90,11 @@ class ServerMaps:
         """Answers every request in an ASSIGNED mailbox whose worker died with it
         (UNAVAILABLE), and sets the mailbox IDLE. Returns how many were answered."""
         srv, mb = self.srv, self.layout.mailbox(worker)
-        if srv.load32(mb + L["mailbox.state"]) == 0:
+        if srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE:
             return 0
-        n = min(srv.load32(mb + L["mailbox.n"]), L["MAX_BATCH_REQUESTS"])
         answered = 0
-        for i in range(n):
-            shadow = self.layout.shadow_at(srv.load32(mb + L["mailbox.shadow"] + 4 * i))
+        for index in srv.mailbox_batch(mb):
+            shadow = self.layout.shadow_at(index)
             client_id, slot, generation, lease, _, _, _ = srv.read_shadow(shadow)
             mapped = self.arena(client_id, lease)
             if mapped is not None:
@@ -101,7 +102,7 @@ class ServerMaps:
                 answered += arena.ops.complete(layout.slot(slot), generation,
                                                int(Status.UNAVAILABLE), message, [])
         self.model_add(model_id, "request_failure", answered)
-        srv.store32(mb + L["mailbox.state"], 0)
+        srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
         return answered
 
     def ring_batcher(self) -> None:

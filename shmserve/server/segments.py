@@ -9,21 +9,17 @@ import functools
 import json
 import os
 import secrets
-import struct
 from pathlib import Path
 
 import posix_ipc
 
+from .. import _core
 from ..errors import ShmSpaceError
 from ..protocol import LAYOUT, SLOT_BYTES
 from ..segments import SIZE_SEALS, Segment, runtime_dir, unlink_quietly
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "shmserve"
-
-
-def _align(n: int, a: int = 4096) -> int:
-    return (n + a - 1) // a * a
 
 
 def resolve_group(group: str) -> int:
@@ -138,7 +134,8 @@ def _reserve(fd: int, size: int, what: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ServerLayout:
-    """Offsets in the server-private segment (shms_server_header)."""
+    """Offsets in the server-private segment, as the C core lays it out
+    (shms_server_init)."""
 
     max_clients: int
     slots_per_client: int
@@ -146,25 +143,29 @@ class ServerLayout:
     n_workers: int
 
     @functools.cached_property
+    def _offsets(self) -> dict:
+        return _core.server_layout(self.max_clients, self.slots_per_client, self.n_models,
+                                   self.n_workers)
+
+    @property
     def clients_offset(self) -> int:
-        return _align(LAYOUT["server.size"], 64)
+        return self._offsets["clients_offset"]
 
-    @functools.cached_property
+    @property
     def models_offset(self) -> int:
-        return _align(self.clients_offset + self.max_clients * LAYOUT["client_entry.size"], 64)
+        return self._offsets["models_offset"]
 
-    @functools.cached_property
+    @property
     def shadows_offset(self) -> int:
-        return _align(self.models_offset + max(self.n_models, 1) * LAYOUT["model.size"], 64)
+        return self._offsets["shadows_offset"]
 
-    @functools.cached_property
+    @property
     def mailboxes_offset(self) -> int:
-        n = self.max_clients * self.slots_per_client
-        return _align(self.shadows_offset + n * LAYOUT["shadow.size"], 64)
+        return self._offsets["mailboxes_offset"]
 
     @property
     def size(self) -> int:
-        return _align(self.mailboxes_offset + max(self.n_workers, 1) * LAYOUT["mailbox.size"])
+        return self._offsets["segment_bytes"]
 
     def client(self, client_id: int) -> int:
         return self.clients_offset + client_id * LAYOUT["client_entry.size"]
@@ -173,8 +174,7 @@ class ServerLayout:
         return self.models_offset + model_id * LAYOUT["model.size"]
 
     def shadow(self, client_id: int, slot: int) -> int:
-        index = client_id * self.slots_per_client + slot
-        return self.shadows_offset + index * LAYOUT["shadow.size"]
+        return self.shadow_at(self.shadow_index(client_id, slot))
 
     def shadow_index(self, client_id: int, slot: int) -> int:
         return client_id * self.slots_per_client + slot
@@ -187,46 +187,44 @@ class ServerLayout:
 
 
 def control_size(ring_capacity: int) -> int:
-    return _align(LAYOUT["control.size"] + ring_capacity * LAYOUT["ring_cell.size"])
+    return _core.control_bytes(ring_capacity)
 
 
 def control_ring_offset() -> int:
     return LAYOUT["control.size"]
 
 
-def init_control(buf, ops, ring_capacity: int, server_pid: int) -> None:
-    """Writes a fresh control block and ring into `buf` (a zeroed segment)."""
-    if ring_capacity < 2 or ring_capacity & (ring_capacity - 1):
-        raise ValueError(f"ring capacity {ring_capacity} must be a power of two >= 2")
-    struct.pack_into("<QIIIII", buf, 0, LAYOUT["MAGIC_CONTROL"], LAYOUT["PROTOCOL_VERSION"],
-                     LAYOUT["control.size"], control_ring_offset(), ring_capacity, server_pid)
-    struct.pack_into("<Q", buf, LAYOUT["control.segment_bytes"], len(buf))
-    for i in range(ring_capacity):  # Vyukov: cell i starts free for position i
-        ops.store64(control_ring_offset() + i * LAYOUT["ring_cell.size"], i)
+def init_control(ops, ring_capacity: int, server_pid: int) -> None:
+    """Writes a fresh control block and ring into a zeroed control segment."""
+    ops.init_control(ring_capacity, server_pid)
 
 
 @dataclasses.dataclass(frozen=True)
 class ArenaLayout:
-    """Offsets in one client's arena segment (shms_arena_header)."""
+    """Offsets in one client's arena segment, as the C core lays it out
+    (shms_arena_layout)."""
 
     n_slots: int
     segment_bytes: int
 
     @functools.cached_property
-    def slots_offset(self) -> int:
-        return _align(LAYOUT["arena.size"], 64)
+    def _offsets(self) -> tuple[int, int, int]:
+        return _core.arena_layout(self.n_slots, 0)
 
-    @functools.cached_property
+    @property
+    def slots_offset(self) -> int:
+        return self._offsets[0]
+
+    @property
     def data_offset(self) -> int:
-        return _align(self.slots_offset + self.n_slots * SLOT_BYTES, 4096)
+        return self._offsets[1]
 
     def slot(self, index: int) -> int:
         return self.slots_offset + index * SLOT_BYTES
 
     @classmethod
     def for_data(cls, n_slots: int, data_bytes: int) -> "ArenaLayout":
-        probe = cls(n_slots, 0)
-        return cls(n_slots, _align(probe.data_offset + data_bytes))
+        return cls(n_slots, _core.arena_layout(n_slots, data_bytes)[2])
 
 
 # ---------------------------------------------------------------- server records

@@ -16,12 +16,13 @@ import traceback
 import numpy as np
 
 from ..backends import load_backend
-from ..protocol import LAYOUT, Status, Timestamp, decode_bytes, encode_bytes, numpy_dtype
+from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
+                        encode_bytes, numpy_dtype)
 from .repository import ModelSpec
 from .maps import ServerMaps, child_setup
 
 L = LAYOUT
-BYTES = 13
+BYTES = DataType.BYTES
 log = logging.getLogger("shmserve.worker")
 
 
@@ -70,7 +71,7 @@ class Worker:
         already was (the batch may be what kills workers), its callers get an error now
         rather than never."""
         srv, mb = self.maps.srv, self.mailbox
-        if srv.load32(mb + L["mailbox.state"]) == 0:
+        if srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE:
             return
         if self.spec.retry_on_worker_crash and srv.load32(mb + L["mailbox.attempt"]) == 0:
             srv.store32(mb + L["mailbox.attempt"], 1)
@@ -95,7 +96,8 @@ class Worker:
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
                 self.maps.drop_ended_leases()
                 dropped_at = started
-            if not srv.doorbell_wait(state, sleeping, 0, spin.budget_ns(), 200_000_000):
+            if not srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin.budget_ns(),
+                                     200_000_000):
                 if not self.maps.parent_alive():
                     return
                 continue
@@ -110,12 +112,10 @@ class Worker:
     def run_mailbox(self, again: bool = False) -> None:
         """Runs the batch in our mailbox, then marks it IDLE."""
         srv = self.maps.srv
-        n = srv.load32(self.mailbox + L["mailbox.n"])
-        base = self.mailbox + L["mailbox.shadow"]
-        shadows = [srv.load32(base + 4 * i) for i in range(min(n, L["MAX_BATCH_REQUESTS"]))]
-        self.run_batch(shadows, again)
-        srv.add64(self.mailbox + L["mailbox.batches_done"], 1)
-        srv.store32(self.mailbox + L["mailbox.state"], 0)  # IDLE
+        self.run_batch(srv.mailbox_batch(self.mailbox), again)
+        # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
+        # mailbox state in dispatch(); serve_forever then reads batcher_waiting.
+        srv.store32(self.mailbox + L["mailbox.state"], MailboxState.IDLE)
 
     def run_batch(self, shadows: list[int], again: bool = False) -> None:
         live = []
@@ -260,7 +260,7 @@ class Worker:
         return Status.OK, "", results
 
 
-def _clip(message: str, limit: int = L["ERROR_BYTES"] - 1) -> str:
+def _clip(message: str, limit: int = ERROR_BYTES - 1) -> str:
     """An error message that fits the slot, cut on a UTF-8 character boundary."""
     return message.encode()[:limit].decode(errors="ignore")
 

@@ -1,0 +1,36 @@
+/*
+ * core.h — private to the Python extension shmserve._core (core.c, mapping.c,
+ * slots.c): the Mapping type every segment is operated through, and its helpers.
+ * The protocol itself is in shmserve.h; these files only translate it to Python.
+ */
+#ifndef SHMS_CORE_H
+#define SHMS_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "shmserve.h"
+
+/* A writable buffer (an mmap of a segment) and the protocol operations on it. Every
+ * offset that comes from Python is bounds-checked (shms_py_at): a wrong offset raises,
+ * it never touches memory. */
+typedef struct {
+  PyObject_HEAD
+  Py_buffer view;
+  char *base;
+  uint64_t size;
+} Mapping;
+
+extern PyTypeObject MappingType;
+extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple */
+
+/* Pointer to [off, off+len) inside the mapping, aligned to `align`, or NULL with an
+ * exception set. */
+void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t align);
+
+extern PyMethodDef shms_py_mapping_methods[]; /* mapping.c: atomics, doorbells, ring, bytes */
+extern PyMethodDef shms_py_slot_methods[];    /* slots.c: headers, requests, slots, mailboxes */
+
+int shms_py_add_tensor_ref(PyObject *module);
+
+#endif /* SHMS_CORE_H */

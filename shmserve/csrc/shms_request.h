@@ -1,0 +1,220 @@
+/*
+ * shms_request.h — part of shmserve.h (include that): the server's side of a
+ * request's arrival. The batcher takes a slot (claims it, copies the request out of
+ * the client's reach) and validates the copy; nothing a client wrote is trusted.
+ */
+#ifndef SHMS_REQUEST_H
+#define SHMS_REQUEST_H
+
+#include <stdio.h>
+#include <string.h>
+
+#include "shms_layout.h"
+#include "shms_wait.h"
+
+
+/* Copy of a string field that a peer may have left without NUL. */
+static inline void shms_copy_name(char *dst, size_t dst_bytes, const char *src,
+                                  size_t src_bytes) {
+  size_t n = 0;
+  while (n < src_bytes && n + 1 < dst_bytes && src[n]) n++;
+  memcpy(dst, src, n);
+  dst[n] = 0;
+}
+
+/* Bytes a tensor of this dtype and (non-negative) shape needs: exactly, for the
+ * fixed-size types; at least, for BYTES (4 per element: its length prefix).
+ * UINT64_MAX on overflow. */
+static inline uint64_t shms_tensor_bytes(uint32_t dtype, uint32_t ndim, const int64_t *shape) {
+  uint64_t n = dtype == SHMS_TYPE_BYTES ? 4 : shms_dtype_size(dtype);
+  for (uint32_t i = 0; i < ndim; i++) {
+    uint64_t d = (uint64_t)shape[i];
+    if (d != 0 && n > UINT64_MAX / d) return UINT64_MAX;
+    n *= d;
+  }
+  return n;
+}
+
+/* Checks a request copied out of shared memory against the model it names and
+ * the bounds of the caller's arena. Never trusts a field. On failure writes a
+ * message naming the model, tensor and problem into err and returns a status.
+ * On success stores the batch size (first dimension, or 1) in *batch_rows. */
+static inline int shms_validate_request(const shms_request *r, const shms_model_entry *m,
+                                        uint64_t data_begin, uint64_t data_end,
+                                        uint32_t *batch_rows, char *err, size_t err_bytes) {
+#define SHMS_FAIL(code, ...)                        \
+  do {                                             \
+    snprintf(err, err_bytes, __VA_ARGS__);         \
+    return code;                                   \
+  } while (0)
+  const char *model = m->name;
+  uint32_t batched = m->max_batch_size > 0;
+  if (r->n_inputs > SHMS_MAX_TENSORS || r->n_outputs > SHMS_MAX_TENSORS)
+    SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR, "model '%s': request has %u inputs and %u outputs (limit %d)",
+              model, r->n_inputs, r->n_outputs, SHMS_MAX_TENSORS);
+  if (r->n_inputs != m->n_inputs) {
+    uint32_t seen_mask = 0;
+    for (uint32_t i = 0; i < r->n_inputs; i++)
+      if (r->inputs[i].index < m->n_inputs) seen_mask |= 1u << r->inputs[i].index;
+    for (uint32_t k = 0; k < m->n_inputs; k++)
+      if (!(seen_mask & (1u << k)))
+        SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': missing input '%s' (expects %u inputs, got %u)",
+                  model, m->inputs[k].name, m->n_inputs, r->n_inputs);
+    SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': expects %u inputs, got %u", model, m->n_inputs,
+              r->n_inputs);
+  }
+  uint32_t seen = 0;
+  int64_t rows = -1;
+  for (uint32_t i = 0; i < r->n_inputs; i++) {
+    const shms_tensor_ref *t = &r->inputs[i];
+    if (t->index >= m->n_inputs)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input index %u out of range (model has %u inputs)",
+                model, t->index, m->n_inputs);
+    const shms_tensor_spec *s = &m->inputs[t->index];
+    if (seen & (1u << t->index))
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' given twice", model, s->name);
+    seen |= 1u << t->index;
+    if (t->memory_kind != SHMS_MEMORY_HOST_ARENA || t->device_id != 0)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' is in memory kind %u device %u; "
+                "this server reads inputs from the caller's arena only (memory kind 0)",
+                model, s->name, t->memory_kind, t->device_id);
+    if (t->dtype != s->dtype)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has data type %s, expected %s",
+                model, s->name, shms_dtype_name(t->dtype), shms_dtype_name(s->dtype));
+    uint32_t want_ndim = s->ndim + batched;
+    if (t->ndim != want_ndim)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has %u dimensions, expected %u%s",
+                model, s->name, t->ndim, want_ndim, batched ? " (batch dimension first)" : "");
+    for (uint32_t d = 0; d < t->ndim; d++)
+      if (t->shape[d] < 0)
+        SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has negative dimension %lld",
+                  model, s->name, (long long)t->shape[d]);
+    if (batched) {
+      if (t->shape[0] < 1 || t->shape[0] > (int64_t)m->max_batch_size)
+        SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' batch size %lld outside 1..%u",
+                  model, s->name, (long long)t->shape[0], m->max_batch_size);
+      if (rows >= 0 && t->shape[0] != rows)
+        SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' batch size %lld differs from %lld",
+                  model, s->name, (long long)t->shape[0], (long long)rows);
+      rows = t->shape[0];
+    }
+    for (uint32_t d = 0; d < s->ndim; d++) {
+      int64_t want = s->dims[d], got = t->shape[d + batched];
+      if (want >= 0 && got != want)
+        SHMS_FAIL(SHMS_ERR_INVALID_ARG,
+                  "model '%s': input '%s' dimension %u is %lld, expected %lld", model,
+                  s->name, d + batched, (long long)got, (long long)want);
+    }
+    if (t->offset % SHMS_DATA_ALIGN || t->offset < data_begin || t->offset > data_end ||
+        t->nbytes > data_end - t->offset)
+      SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
+                "model '%s': input '%s' data [%llu, +%llu) is outside the caller's arena", model,
+                s->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+    uint64_t need = shms_tensor_bytes(t->dtype, t->ndim, t->shape);
+    if (need == UINT64_MAX)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' shape overflows", model, s->name);
+    if (t->dtype == SHMS_TYPE_BYTES ? t->nbytes < need : t->nbytes != need)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' holds %llu bytes, its shape needs %s%llu",
+                model, s->name, (unsigned long long)t->nbytes,
+                t->dtype == SHMS_TYPE_BYTES ? "at least " : "", (unsigned long long)need);
+  }
+  uint32_t out_seen = 0;
+  for (uint32_t i = 0; i < r->n_outputs; i++) {
+    const shms_tensor_ref *t = &r->outputs[i];
+    if (t->index >= m->n_outputs)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output index %u out of range (model has %u outputs)",
+                model, t->index, m->n_outputs);
+    if (out_seen & (1u << t->index))
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output '%s' requested twice", model,
+                m->outputs[t->index].name);
+    out_seen |= 1u << t->index;
+    if (t->memory_kind != SHMS_MEMORY_HOST_ARENA || t->device_id != 0)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output '%s' is in memory kind %u device %u; "
+                "this server writes outputs into the caller's arena only (memory kind 0)",
+                model, m->outputs[t->index].name, t->memory_kind, t->device_id);
+    if (t->offset % SHMS_DATA_ALIGN || t->offset < data_begin || t->offset > data_end ||
+        t->nbytes > data_end - t->offset)
+      SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
+                "model '%s': output '%s' buffer [%llu, +%llu) is outside the caller's arena",
+                model, m->outputs[t->index].name, (unsigned long long)t->offset,
+                (unsigned long long)t->nbytes);
+  }
+  if (r->n_outputs == 0)
+    SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request names no output buffer", model);
+  *batch_rows = batched ? (uint32_t)rows : 1u;
+  return SHMS_OK;
+#undef SHMS_FAIL
+}
+
+/* shms_take_request's answer when the slot no longer holds that request. */
+#define SHMS_TAKE_STALE (-1)
+
+/* Batcher: claims the SUBMITTED request of generation `gen` in slot s (SUBMITTED ->
+ * QUEUED), copies it into the server-private shadow sh and validates the copy
+ * against the model table. Returns SHMS_OK (sh->batch_rows set), an error status
+ * with err filled (the caller answers the client), or SHMS_TAKE_STALE: the entry
+ * was stale or a duplicate, nothing to answer. data_begin/data_end bound the
+ * caller's tensor data in its arena.
+ * SYNC POINT: the CAS (seq_cst) pairs with the client's release store of SUBMITTED
+ * in shms_slot_submit. */
+static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
+                                    uint32_t client_id, uint32_t slot_index, uint32_t lease,
+                                    const shms_model_entry *models, uint32_t n_models,
+                                    uint64_t data_begin, uint64_t data_end, char *err,
+                                    size_t err_bytes) {
+  uint32_t expected = SHMS_SLOT_SUBMITTED;
+  if (s->generation != gen || !shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_QUEUED))
+    return SHMS_TAKE_STALE;
+  if (s->generation != gen) {
+    /* The client reused the slot between our check and the CAS: that newer request is
+     * not this entry's. Give it back; its own entry (or the sweep) brings it. */
+    expected = SHMS_SLOT_QUEUED;
+    shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_SUBMITTED);
+    return SHMS_TAKE_STALE;
+  }
+  s->t_ns[SHMS_T_DEQUEUE] = shms_now_ns();
+  /* Copy first, then validate the copy: the client cannot change what we check. */
+  memcpy(&sh->request, &s->request, sizeof(shms_request));
+  sh->client_id = client_id;
+  sh->slot = slot_index;
+  sh->generation = gen;
+  sh->lease = lease;
+  sh->batch_rows = 0;
+  uint32_t model_id = sh->request.model_id;
+  if (model_id >= n_models) {
+    snprintf(err, err_bytes, "request names an unknown model id %u", model_id);
+    return SHMS_ERR_NOT_FOUND;
+  }
+  const shms_model_entry *m = &models[model_id];
+  if (!shms_load(&m->ready, memory_order_acquire)) {
+    snprintf(err, err_bytes, "model '%s' version %lld is not available (it failed to load; "
+             "see `shmserve models`)", m->name, (long long)m->version);
+    return SHMS_ERR_UNAVAILABLE;
+  }
+  uint32_t rows = 0;
+  int st = shms_validate_request(&sh->request, m, data_begin, data_end, &rows, err, err_bytes);
+  if (st == SHMS_OK) sh->batch_rows = rows;
+  return st;
+}
+
+/* Longest shape key: per input (index, ndim) and its dims. */
+#define SHMS_SHAPE_KEY_MAX (SHMS_MAX_TENSORS * (SHMS_MAX_DIMS + 1))
+
+/* Shape key of a validated request: requests batch together only when every input
+ * has the same dtype and the same non-batch dimensions. Inputs in model order,
+ * whatever the request's order. Returns the number of words written to key. */
+static inline size_t shms_shape_key(const shms_request *r, const shms_model_entry *m,
+                                    int64_t key[SHMS_SHAPE_KEY_MAX]) {
+  size_t nk = 0;
+  uint32_t skip = m->max_batch_size > 0;
+  for (uint32_t k = 0; k < m->n_inputs; k++)
+    for (uint32_t i = 0; i < r->n_inputs; i++) {
+      const shms_tensor_ref *t = &r->inputs[i];
+      if (t->index != k) continue;
+      key[nk++] = ((int64_t)t->index << 32) | t->ndim;
+      for (uint32_t d = skip; d < t->ndim; d++) key[nk++] = t->shape[d];
+    }
+  return nk;
+}
+
+#endif /* SHMS_REQUEST_H */

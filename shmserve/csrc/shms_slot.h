@@ -1,0 +1,196 @@
+/*
+ * shms_slot.h — part of shmserve.h (include that): the life of a request slot, as
+ * every language runs it. A client fills and submits a slot and pushes its entry on
+ * the ring (shms_push_request), then reads the answer; a worker (or the batcher, for
+ * an error) completes it; the batcher hands batches to workers through mailboxes.
+ * The Python extension and the C++ client both call these; nobody re-implements them.
+ */
+#ifndef SHMS_SLOT_H
+#define SHMS_SLOT_H
+
+#include <stdio.h>
+#include <string.h>
+
+#include "shms_layout.h"
+#include "shms_ring.h"
+#include "shms_wait.h"
+
+/* ------------------------------------------------------------- client side */
+
+/* A push whose claim the batcher skipped (RECLAIMED) is retried up to this many
+ * times; a FULL ring (an honest ring never is: it holds every slot of every client)
+ * is retried for up to SHMS_PUSH_FULL_WAIT_NS while the batcher repairs it. */
+#define SHMS_PUSH_MAX_TRIES 100
+#define SHMS_PUSH_FULL_WAIT_NS 100000000LL
+#define SHMS_PUSH_LEASE_CHECK_EVERY 8 /* RECLAIMED pushes between lease checks */
+
+/* Client: starts a request in a FREE slot and returns the request to fill in place
+ * (model_id, counts and tensor refs). */
+static inline shms_request *shms_slot_begin(shms_slot *s) {
+  s->t_ns[SHMS_T_CLIENT_WRITE] = shms_now_ns();
+  return &s->request;
+}
+
+/* Client: publishes the request filled since shms_slot_begin as generation gen.
+ * The caller pushes its ring entry next (shms_push_request).
+ * SYNC POINT: the release store of SUBMITTED pairs with the batcher's CAS
+ * SUBMITTED -> QUEUED in shms_take_request. */
+static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
+  uint64_t t0 = s->t_ns[SHMS_T_CLIENT_WRITE];
+  s->request.flags = 0;
+  s->request.reserved[0] = s->request.reserved[1] = 0;
+  s->generation = gen;
+  s->status = -1;
+  s->n_results = 0;
+  s->error[0] = 0;
+  memset(s->t_ns, 0, sizeof s->t_ns);
+  s->t_ns[SHMS_T_CLIENT_WRITE] = t0;
+  s->t_ns[SHMS_T_ENQUEUE] = shms_now_ns();
+  shms_store(&s->state, (uint32_t)SHMS_SLOT_SUBMITTED, memory_order_release);
+}
+
+/* Client: pushes (owner, slot, gen) on the ring and rings the batcher, retrying as
+ * docs/protocol.md section 5.1 says. lease_alive(ctx) is asked every
+ * SHMS_PUSH_LEASE_CHECK_EVERY skipped pushes; when it returns 0 the push stops.
+ * Returns SHMS_RING_OK, SHMS_RING_FULL (still full after the wait),
+ * SHMS_RING_RECLAIMED (skipped SHMS_PUSH_MAX_TRIES times), or -1 (lease ended). */
+static inline int shms_push_request(const shms_ring *r, uint32_t owner, uint32_t slot,
+                                    uint32_t gen, int (*lease_alive)(void *), void *ctx) {
+  uint64_t full_since = 0;
+  int rc = SHMS_RING_FULL;
+  for (int attempt = 0; attempt < SHMS_PUSH_MAX_TRIES; attempt++) {
+    rc = shms_ring_push(r, owner, slot, gen);
+    /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell. */
+    shms_doorbell_ring(&r->ctl->doorbell, &r->ctl->batcher_sleeping, 1);
+    if (rc == SHMS_RING_OK) return rc;
+    if (rc == SHMS_RING_RECLAIMED && attempt % SHMS_PUSH_LEASE_CHECK_EVERY ==
+                                         SHMS_PUSH_LEASE_CHECK_EVERY - 1 &&
+        lease_alive && !lease_alive(ctx))
+      return -1;
+    if (rc == SHMS_RING_FULL) {
+      uint64_t now = shms_now_ns();
+      if (!full_since) full_since = now;
+      if ((int64_t)(now - full_since) >= SHMS_PUSH_FULL_WAIT_NS) return rc;
+      struct timespec ms = {0, 1000000};
+      nanosleep(&ms, NULL);
+    }
+  }
+  return rc;
+}
+
+/* Client: takes back a request whose push failed. Returns 1 if the slot is FREE
+ * again; 0 if the batcher took it meanwhile (its sweep takes SUBMITTED requests the
+ * ring lost): then it is in flight and will be answered. */
+static inline int shms_slot_withdraw(shms_slot *s) {
+  uint32_t expected = SHMS_SLOT_SUBMITTED;
+  return shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_FREE) ? 1 : 0;
+}
+
+/* A DONE slot's answer as the client reads it: status, message, results. */
+typedef struct shms_answer {
+  int32_t status;
+  uint32_t n_results; /* 0 unless OK or OUTPUT_TOO_SMALL; at most SHMS_MAX_TENSORS */
+  const shms_tensor_ref *results;
+  char error[SHMS_ERROR_BYTES]; /* NUL-terminated */
+} shms_answer;
+
+static inline int shms_slot_is_done(shms_slot *s) {
+  return shms_load(&s->state, memory_order_acquire) == SHMS_SLOT_DONE;
+}
+
+/* Client: reads a DONE slot's answer; returns 0 if the slot is not DONE yet.
+ * SYNC POINT: the acquire load pairs with the release store of DONE in
+ * shms_slot_complete. */
+static inline int shms_slot_read_answer(shms_slot *s, shms_answer *a) {
+  if (!shms_slot_is_done(s)) return 0;
+  a->status = s->status;
+  a->n_results = s->status == SHMS_OK || s->status == SHMS_ERR_OUTPUT_TOO_SMALL
+                     ? (s->n_results < SHMS_MAX_TENSORS ? s->n_results : SHMS_MAX_TENSORS)
+                     : 0;
+  a->results = s->results;
+  size_t n = 0;
+  while (n + 1 < sizeof a->error && s->error[n]) n++;
+  memcpy(a->error, s->error, n);
+  a->error[n] = 0;
+  return 1;
+}
+
+/* Client: gives a slot whose answer it has read back to itself (DONE -> FREE).
+ * SYNC POINT: release, so the server's next view of the slot follows our reads. */
+static inline void shms_slot_release(shms_slot *s) {
+  shms_store(&s->state, (uint32_t)SHMS_SLOT_FREE, memory_order_release);
+}
+
+/* ------------------------------------------------------------- server side */
+
+/* Worker: QUEUED -> RUNNING if the slot still holds generation gen. With again (a
+ * successor re-running its dead predecessor's batch), RUNNING -> RUNNING too: the
+ * predecessor may have died before or after its own transition. Returns 1 if the
+ * request is ours to run. */
+static inline int shms_slot_set_running(shms_slot *s, uint32_t gen, int again) {
+  if (s->generation != gen) return 0;
+  uint32_t expected = SHMS_SLOT_QUEUED;
+  int ok = shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_RUNNING);
+  if (!ok && again) {
+    expected = SHMS_SLOT_RUNNING;
+    ok = shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_RUNNING);
+  }
+  if (ok) s->t_ns[SHMS_T_COMPUTE_START] = shms_now_ns(); /* only a slot that is ours */
+  return ok;
+}
+
+/* Server: answers the request of generation gen in slot s, unless the slot moved on
+ * (another generation, already DONE, or FREE). Returns 1 if the client was answered.
+ * SYNC POINT: the release store of DONE pairs with the client's acquire load in
+ * shms_slot_read_answer; the doorbell pairs with the client's wait on completions. */
+static inline int shms_slot_complete(shms_slot *s, shms_arena_header *h, uint32_t gen,
+                                     int32_t status, const char *message,
+                                     const shms_tensor_ref *results, uint32_t n_results) {
+  uint32_t st = shms_load(&s->state, memory_order_acquire);
+  if (s->generation != gen || st == SHMS_SLOT_DONE || st == SHMS_SLOT_FREE) return 0;
+  if (n_results > SHMS_MAX_TENSORS) n_results = SHMS_MAX_TENSORS;
+  if (n_results) memcpy(s->results, results, sizeof(shms_tensor_ref) * n_results);
+  s->n_results = n_results;
+  s->status = status;
+  snprintf(s->error, sizeof s->error, "%s", message ? message : "");
+  s->t_ns[SHMS_T_COMPLETE] = shms_now_ns();
+  shms_store(&s->state, (uint32_t)SHMS_SLOT_DONE, memory_order_release);
+  shms_doorbell_ring(&h->completions, &h->waiters, INT32_MAX);
+  return 1;
+}
+
+/* Batcher: hands a batch (shadow indices) to an IDLE worker's mailbox and wakes it.
+ * SYNC POINT: the seq_cst store of ASSIGNED pairs with the worker's doorbell_wait
+ * on mailbox.state; n, attempt and shadow[] are written before it. */
+static inline void shms_mailbox_assign(shms_mailbox *mb, const uint32_t *shadows, uint32_t n) {
+  if (n > SHMS_MAX_BATCH_REQUESTS) n = SHMS_MAX_BATCH_REQUESTS;
+  memcpy(mb->shadow, shadows, sizeof(uint32_t) * n);
+  mb->n = n;
+  mb->attempt = 0;
+  shms_store(&mb->state, (uint32_t)SHMS_MAILBOX_ASSIGNED, memory_order_seq_cst);
+  if (shms_load(&mb->worker_sleeping, memory_order_seq_cst)) shms_futex_wake(&mb->state, 1);
+}
+
+/* Worker: the shadow indices of the batch in its mailbox (at most
+ * SHMS_MAX_BATCH_REQUESTS, whatever n says). */
+static inline uint32_t shms_mailbox_batch(const shms_mailbox *mb, const uint32_t **shadows) {
+  *shadows = mb->shadow;
+  return mb->n < SHMS_MAX_BATCH_REQUESTS ? mb->n : SHMS_MAX_BATCH_REQUESTS;
+}
+
+/* Worker: statistics of one execution of n requests and `rows` rows, ok of them
+ * answered OK. Recorded before the answers go out, so that a caller that reads the
+ * statistics after its answer sees its request. */
+static inline void shms_model_record_batch(shms_model_entry *m, uint32_t n, uint32_t rows,
+                                           uint32_t ok, uint64_t compute_ns) {
+  shms_fetch_add(&m->execution_count, 1u, memory_order_relaxed);
+  shms_fetch_add(&m->compute_ns, compute_ns, memory_order_relaxed);
+  shms_fetch_add(&m->inference_count, rows, memory_order_relaxed);
+  shms_fetch_add(&m->request_success, ok, memory_order_relaxed);
+  shms_fetch_add(&m->request_failure, n - ok, memory_order_relaxed);
+  if (n > 0)
+    shms_fetch_add(&m->batch_requests[(n < SHMS_BATCH_HIST ? n : SHMS_BATCH_HIST) - 1], 1u,
+                   memory_order_relaxed);
+}
+
+#endif /* SHMS_SLOT_H */
