@@ -325,20 +325,14 @@ class Batcher:
         batch = [p for p in batch if p.arena.ops is not None]
         if not batch:
             return
-        srv, mb = self.maps.srv, self.maps.layout.mailbox(worker)
-        srv.store32_many(mb + L["mailbox.shadow"], [p.shadow for p in batch])
-        srv.store32(mb + L["mailbox.model_id"], q.model_id)
-        srv.store32(mb + L["mailbox.n"], len(batch))
-        srv.store32(mb + L["mailbox.attempt"], 0)
         queue_ns = 0
         for p in batch:
             p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)
             queue_ns += now - p.arrived_ns
         self.maps.model_add(q.model_id, "queue_ns", queue_ns)
-        # SYNC POINT: pairs with the worker's doorbell_wait on its mailbox state.
-        srv.store32(mb + L["mailbox.state"], 1)
-        if srv.load32(mb + L["mailbox.worker_sleeping"]):
-            srv.wake(mb + L["mailbox.state"], 1)
+        # SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
+        # worker's doorbell_wait on its mailbox state.
+        self.maps.srv.mailbox_assign(self.maps.layout.mailbox(worker), [p.shadow for p in batch])
 
     # -- 3. the loop -------------------------------------------------------------
     def serve_forever(self) -> None:
