@@ -24,7 +24,7 @@ from .. import protocol as P
 from .arena import ArenaAllocator, ArenaFull
 from ..protocol import LAYOUT as L
 from ..segments import DEFAULT_NAME, Segment, pid_alive, socket_path
-from ..waiting import AdaptiveSpin
+from .._core import AdaptiveSpin
 
 _BYTES = P.DTYPE_CODES["BYTES"]
 _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in

@@ -54,6 +54,56 @@ static PyMethodDef *joined_methods(void) {
   return all;
 }
 
+/* ---------------------------------------------------------------- Spin */
+
+/* AdaptiveSpin(base_ns, max_ns): shms_spin, the waiting policy of shms_wait.h. */
+typedef struct {
+  PyObject_HEAD
+  shms_spin spin;
+} Spin;
+
+static int spin_init(Spin *self, PyObject *args, PyObject *kw) {
+  long long base, max;
+  if (!PyArg_ParseTuple(args, "LL", &base, &max)) return -1;
+  self->spin = shms_spin_make(base, max);
+  return 0;
+}
+
+static PyObject *spin_budget(Spin *self, PyObject *unused) {
+  return PyLong_FromLongLong(shms_spin_budget(&self->spin));
+}
+
+static PyObject *spin_record(Spin *self, PyObject *arg) {
+  long long waited = PyLong_AsLongLong(arg);
+  if (waited == -1 && PyErr_Occurred()) return NULL;
+  shms_spin_record(&self->spin, waited);
+  Py_RETURN_NONE;
+}
+
+static PyObject *spin_typical(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.typical_ns); }
+static PyObject *spin_base(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.base_ns); }
+
+static PyMethodDef spin_methods[] = {
+    {"budget_ns", (PyCFunction)spin_budget, METH_NOARGS, "The spin for the next wait (ns)."},
+    {"record", (PyCFunction)spin_record, METH_O, "Feed one observed wait (ns)."},
+    {NULL}};
+
+static PyGetSetDef spin_getset[] = {
+    {"typical_ns", (getter)spin_typical, NULL, "average of recent waits", NULL},
+    {"base_ns", (getter)spin_base, NULL, "the least spin", NULL},
+    {NULL}};
+
+static PyTypeObject SpinType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmserve._core.AdaptiveSpin",
+    .tp_basicsize = sizeof(Spin),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "How long a waiter spins before it sleeps (shms_spin in shms_wait.h).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)spin_init,
+    .tp_methods = spin_methods,
+    .tp_getset = spin_getset,
+};
+
 /* ---------------------------------------------------------------- declarations */
 
 static int put(PyObject *d, const char *name, unsigned long long value) {
@@ -174,11 +224,14 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "shmserve._core",
 
 PyMODINIT_FUNC PyInit__core(void) {
   MappingType.tp_methods = joined_methods();
-  if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0) return NULL;
+  if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0 || PyType_Ready(&SpinType) < 0)
+    return NULL;
   PyObject *m = PyModule_Create(&moduledef);
   if (!m) return NULL;
   Py_INCREF(&MappingType);
+  Py_INCREF(&SpinType);
   if (PyModule_AddObject(m, "Mapping", (PyObject *)&MappingType) < 0 ||
+      PyModule_AddObject(m, "AdaptiveSpin", (PyObject *)&SpinType) < 0 ||
       shms_py_add_tensor_ref(m) < 0) {
     Py_DECREF(m);
     return NULL;

@@ -82,4 +82,38 @@ static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
 }
 #endif /* __linux__ */
 
+/* ------------------------------------------------------------- adaptive spinning */
+
+/* How long a waiter spins before it sleeps. A futex wake-up costs 10-30 us on small
+ * virtual machines (the hypervisor must wake an idle vCPU), more than a whole round
+ * trip. A waiter therefore spins (yielding, see shms_doorbell_wait) for about as long
+ * as its recent waits lasted, so a steady stream of requests never pays for a
+ * wake-up, and falls back to the base spin when waits grow long, so an idle process
+ * sleeps at once and uses no CPU. Every waiter of every language uses this one policy. */
+typedef struct shms_spin {
+  int64_t base_ns;    /* spin at least this long (0: never spin) */
+  int64_t max_ns;     /* ... and at most this long */
+  int64_t typical_ns; /* exponential average of recent waits */
+} shms_spin;
+
+static inline shms_spin shms_spin_make(int64_t base_ns, int64_t max_ns) {
+  shms_spin s;
+  s.base_ns = base_ns > 0 ? base_ns : 0;
+  s.max_ns = s.base_ns && max_ns > s.base_ns ? max_ns : s.base_ns;
+  s.typical_ns = s.base_ns;
+  return s;
+}
+
+/* The spin to use for the next wait. */
+static inline int64_t shms_spin_budget(const shms_spin *s) {
+  if (s->base_ns == 0 || s->typical_ns > s->max_ns) return s->base_ns;
+  int64_t b = s->typical_ns * 3 / 2;
+  return b < s->base_ns ? s->base_ns : b > s->max_ns ? s->max_ns : b;
+}
+
+/* Feeds one observed wait (1/8 weight). */
+static inline void shms_spin_record(shms_spin *s, int64_t waited_ns) {
+  s->typical_ns += (waited_ns - s->typical_ns) / 8;
+}
+
 #endif /* SHMS_WAIT_H */

@@ -11,7 +11,7 @@ from .. import _core
 from ..protocol import LAYOUT, ClientState, MailboxState, Status
 from ..segments import Segment
 from .segments import ArenaLayout, ServerLayout
-from ..waiting import AdaptiveSpin
+from .._core import AdaptiveSpin
 
 L = LAYOUT
 log = logging.getLogger("shmserve.maps")
