@@ -47,3 +47,35 @@ def test_frames_decode_to_their_params():
         raw = bytes.fromhex(STORED[name]["hex"])
         assert int.from_bytes(raw[:4], "big") == len(raw) - 4
         assert msgpack.unpackb(raw[4:], raw=False) == STORED[name]["params"]["message"]
+
+
+def test_typed_control_messages_encode_the_vector_bytes():
+    """The control messages declared in shmserve.protocol.control re-encode every frame
+    vector byte for byte: the declaration, not a hand-built map, is what is checked."""
+    from shmserve import protocol as P
+
+    hello = bytes.fromhex(STORED["hello_frame"]["hex"])
+    assert P.pack_frame(P.decode_request(STORED["hello_frame"]["params"]["message"])) == hello
+    meta_req = STORED["metadata_frame"]["params"]["message"]
+    assert P.pack_frame(P.decode_request(meta_req)).hex() == STORED["metadata_frame"]["hex"]
+    reply = STORED["metadata_reply_frame"]["params"]["message"]
+    typed = P.decode_reply(P.GetMetadata("simple"), reply)
+    assert isinstance(typed, P.ModelMetadata)
+    assert P.pack_frame(typed).hex() == STORED["metadata_reply_frame"]["hex"]
+    error = STORED["error_reply_frame"]["params"]["message"]
+    typed = P.decode_reply(P.GetMetadata("simple"), error)
+    assert isinstance(typed, P.ErrorReply) and typed.code == P.Status.INVALID_ARG
+    assert P.pack_frame(typed).hex() == STORED["error_reply_frame"]["hex"]
+
+
+@pytest.mark.parametrize("wire, problem", [
+    ({"op": "metadata", "model": 7}, "field 'model' must be str"),
+    ({"op": "hello", "pid": 1}, "field 'version' is missing"),
+    ({"op": "hello", "version": True}, "field 'version' must be int"),
+    ({"op": "launch"}, "unknown control operation 'launch'"),
+])
+def test_control_messages_refuse_what_they_do_not_declare(wire, problem):
+    from shmserve import protocol as P
+
+    with pytest.raises(ValueError, match=problem):
+        P.decode_request(wire)

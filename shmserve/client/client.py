@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import concurrent.futures
+import dataclasses
 import math
 import os
 import socket
@@ -106,6 +107,11 @@ class _Request:
                  "block", "block_bytes", "outputs", "sources_refs")
 
 
+def _version(version) -> int | None:
+    """A model version as the control messages carry it: None for the highest."""
+    return int(version) if version not in (None, "", -1, 0) else None
+
+
 def _aligned(n: int) -> int:
     return (max(n, 1) + P.DATA_ALIGN - 1) // P.DATA_ALIGN * P.DATA_ALIGN
 
@@ -132,18 +138,17 @@ class Client:
                 f"no shmserve server named '{name}' is running (control socket {path}: "
                 f"{e.strerror}); start one with `shmserve serve`") from None
         self._sock_lock = threading.Lock()
-        hello, fds = self._call(P.OP_HELLO, version=P.PROTOCOL_VERSION, pid=os.getpid(),
-                                arena_bytes=arena_bytes or 0, _fds=2)
-        self.client_id = hello["client_id"]
-        self.server_pid = hello["server_pid"]
+        hello, fds = self._call(P.Hello(P.PROTOCOL_VERSION, os.getpid(), arena_bytes or 0), _fds=2)
+        self.client_id = hello.client_id
+        self.server_pid = hello.server_pid
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
         self._spin = AdaptiveSpin(self._spin_ns, MAX_SPIN_US * 1000 if self._spin_ns else 0)
         try:  # the arena's and the control segment's sealed memfds came with the reply
             if len(fds) != 2:
                 raise errors.ShmServeError(f"hello reply carried {len(fds)} descriptors, not 2 "
                                            "(arena, control)", P.Status.INTERNAL)
-            self._arena = Segment.from_fd(fds[0], hello["arena_bytes"], f"arena of lease {self.client_id}")
-            self._control = Segment.from_fd(fds[1], hello["control_bytes"], "control segment")
+            self._arena = Segment.from_fd(fds[0], hello.arena_bytes, f"arena of lease {self.client_id}")
+            self._control = Segment.from_fd(fds[1], hello.control_bytes, "control segment")
         finally:
             for fd in fds:
                 os.close(fd)  # the mappings keep the memory
@@ -158,35 +163,38 @@ class Client:
         except ValueError as e:
             raise errors.ShmServeError(f"segment {self._control.name}: {e}", P.Status.INVALID_ARG) from None
         self._buf = self._arena.buffer
-        self._slots_offset = hello["slots_offset"]
-        self._alloc = ArenaAllocator(hello["data_offset"], hello["arena_bytes"])
+        self._slots_offset = hello.slots_offset
+        self._alloc = ArenaAllocator(hello.data_offset, hello.arena_bytes)
         self._lock = threading.Lock()
         self._slot_free = threading.Condition(self._lock)
-        self._free_slots = list(range(hello["n_slots"] - 1, -1, -1))
-        self._generations = [0] * hello["n_slots"]
+        self._free_slots = list(range(hello.n_slots - 1, -1, -1))
+        self._generations = [0] * hello.n_slots
         self._inflight: dict[int, _Request] = {}
         self._finishing = 0  # requests taken out of _inflight whose blocks are not freed yet
         self._orphans: set[int] = set()
         self._plans: dict[tuple[str, int | None], _Plan] = {}
-        self._remember_models(hello["models"])
+        self._remember_models(hello.models)
         self._poller: threading.Thread | None = None
         self._closed = False
         self._arena_base = np.frombuffer(self._buf, np.uint8).ctypes.data
 
     # -- control plane ------------------------------------------------------------
-    def _call(self, op: str, _fds: int = 0, **fields):
-        """One control request; with _fds, returns (reply, descriptors received)."""
+    def _call(self, request: P.Message, _fds: int = 0):
+        """One control request; its typed reply (and with _fds, the descriptors received)."""
         with self._sock_lock:
             try:
-                self._sock.sendall(P.pack_frame({"op": op, **fields}))
-                reply, fds = P.recv_frame_fds(self._sock, _fds)
+                self._sock.sendall(P.pack_frame(request))
+                wire, fds = P.recv_frame_fds(self._sock, _fds)
             except (OSError, ConnectionError) as e:
                 raise errors.ServerDeadError(f"server '{self.name}' is gone ({e})") from None
-        if not reply.get("ok"):
+        try:
+            reply = P.decode_reply(request, wire)
+        except ValueError as e:
+            reply = P.ErrorReply(int(P.Status.INTERNAL), f"malformed reply from the server: {e}")
+        if isinstance(reply, P.ErrorReply):
             for fd in fds:
                 os.close(fd)
-            raise errors.from_status(reply.get("code", P.Status.INTERNAL), reply.get("error", "?"),
-                                     reply.get("type"))
+            raise errors.from_status(reply.code, reply.error, reply.type)
         return (reply, fds) if _fds else reply
 
     def _remember_models(self, models: list[dict]) -> None:
@@ -198,29 +206,27 @@ class Client:
                 self._plans[(m["name"], None)] = plan
 
     def _plan(self, name: str, version) -> _Plan:
-        key = (name, int(version) if version not in (None, "", -1, 0) else None)
+        key = (name, _version(version))
         plan = self._plans.get(key)
         if plan is None:  # the server words the error (unknown model or version)
-            self._remember_models([self._call(P.OP_METADATA, model=name, version=key[1])])
+            self._remember_models([dataclasses.asdict(self._call(P.GetMetadata(name, key[1])))])
             plan = self._plans[key]
         return plan
 
     def models(self) -> list[dict]:
         """Every loaded (model, version) with its state."""
-        return self._call(P.OP_MODELS)["models"]
+        return self._call(P.ListModels()).models
 
     def model_metadata(self, model: str, version: int | None = None) -> dict:
-        reply = self._call(P.OP_METADATA, model=model, version=version)
-        reply.pop("ok", None)
-        return reply
+        return dataclasses.asdict(self._call(P.GetMetadata(model, _version(version))))
 
     def model_config(self, model: str, version: int | None = None) -> str:
         """config.pbtxt as the server parsed it (protobuf text format)."""
-        return self._call(P.OP_CONFIG, model=model, version=version)["config"]
+        return self._call(P.GetConfig(model, _version(version))).config
 
     def statistics(self, model: str | None = None) -> list[dict]:
         """Per-model counters, including batches by number of requests."""
-        return self._call(P.OP_STATS, model=model)["models"]
+        return self._call(P.GetStats(model)).models
 
     # -- arena ------------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32) -> np.ndarray:

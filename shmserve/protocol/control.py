@@ -2,24 +2,183 @@
 the operations a client may ask for."""
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
 import socket
 import struct
+import typing
+from typing import ClassVar
 
 import msgpack
 # A frame is a 4-byte big-endian length followed by one msgpack map. Requests carry
-# "op"; replies carry "ok" and either the answer or "code" and "error".
+# "op"; replies carry "ok" and either the answer's fields or "code", "error", "type".
 FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 << 20
 
-OP_HELLO = "hello"        # {version, pid, arena_bytes} -> lease, control name; arena memfd attached
-OP_MODELS = "models"      # {} -> {models: [metadata...]}
-OP_METADATA = "metadata"  # {model, version?} -> metadata
-OP_CONFIG = "config"      # {model, version?} -> {config: text}
-OP_STATS = "stats"        # {model?} -> {models: [{name, version, ...counters}]}
+
+# ---------------------------------------------------------------- messages
+# Every control message, declared once: the client and the coordinator build and read
+# these, never raw dicts. docs/protocol.md section 2 is the prose; the C++ client's
+# codec (clients/cpp/include/shmserve/wire.hpp) is checked against the same test
+# vectors (tests/vectors/protocol_vectors.json).
+
+@dataclasses.dataclass
+class Message:
+    """A control message; subclasses list their fields with types, checked on decode."""
+
+    OP: ClassVar[str | None] = None  # requests only: the "op" that names them
+
+    def to_wire(self) -> dict:
+        fields = dataclasses.asdict(self)
+        return {"op": self.OP, **fields} if self.OP else {"ok": True, **fields}
+
+    @classmethod
+    def from_wire(cls, wire: dict):
+        """The message of a decoded frame; unknown keys are ignored (a newer peer may
+        add fields), a missing or mistyped field raises ValueError naming it."""
+        hints = typing.get_type_hints(cls)
+        values = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in wire:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise ValueError(f"{cls.__name__}: field '{f.name}' is missing")
+                continue
+            value = wire[f.name]
+            allowed = typing.get_args(hints[f.name]) or (hints[f.name],)
+            allowed = tuple(typing.get_origin(t) or t for t in allowed)
+            if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+                names = " or ".join("nil" if t is type(None) else t.__name__ for t in allowed)
+                raise ValueError(f"{cls.__name__}: field '{f.name}' must be {names}, "
+                                 f"got {type(value).__name__}")
+            values[f.name] = value
+        return cls(**values)
 
 
-def pack_frame(message: dict) -> bytes:
+# -- requests (client -> coordinator)
+
+@dataclasses.dataclass
+class Hello(Message):
+    """Opens the lease; the reply carries the arena's and control segment's memfds."""
+
+    OP: ClassVar[str] = "hello"
+    version: int
+    pid: int = 0  # informative: the server takes the caller's pid from SO_PEERCRED
+    arena_bytes: int = 0  # 0: the server's default
+
+
+@dataclasses.dataclass
+class ListModels(Message):
+    OP: ClassVar[str] = "models"
+
+
+@dataclasses.dataclass
+class GetMetadata(Message):
+    OP: ClassVar[str] = "metadata"
+    model: str
+    version: int | None = None  # None: the highest
+
+
+@dataclasses.dataclass
+class GetConfig(Message):
+    OP: ClassVar[str] = "config"
+    model: str
+    version: int | None = None
+
+
+@dataclasses.dataclass
+class GetStats(Message):
+    OP: ClassVar[str] = "stats"
+    model: str | None = None  # None: every model
+
+
+REQUESTS: dict[str, type[Message]] = {c.OP: c for c in (Hello, ListModels, GetMetadata,
+                                                         GetConfig, GetStats)}
+OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS = (
+    Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP)
+
+
+# -- replies (coordinator -> client)
+
+@dataclasses.dataclass
+class ModelMetadata(Message):
+    """KServe-v2-style metadata, plus what a shared-memory client needs (id)."""
+
+    id: int
+    name: str
+    version: int
+    platform: str
+    max_batch_size: int
+    inputs: list  # [{name, datatype, shape}], shape with -1 for the batch and any size
+    outputs: list
+    state: str = "LOADING"  # READY, or UNAVAILABLE: <reason>
+
+
+@dataclasses.dataclass
+class HelloReply(Message):
+    client_id: int
+    generation: int
+    control_bytes: int
+    arena_bytes: int
+    slots_offset: int
+    n_slots: int
+    data_offset: int
+    server_pid: int
+    spin_us: int
+    models: list  # [ModelMetadata as a map]
+
+
+@dataclasses.dataclass
+class ModelList(Message):
+    models: list  # [ModelMetadata as a map]
+
+
+@dataclasses.dataclass
+class ModelConfig(Message):
+    config: str  # config.pbtxt as parsed (protobuf text format)
+
+
+@dataclasses.dataclass
+class StatsReply(Message):
+    models: list  # [{name, version, state, request_success, ..., batch_requests}]
+
+
+@dataclasses.dataclass
+class ErrorReply(Message):
+    """A failed request: a status (protocol Status), the message, and the exception
+    class name where it is finer than the status (ConfigError, ShmSpaceError...)."""
+
+    code: int
+    error: str
+    type: str | None = None
+
+    def to_wire(self) -> dict:
+        return {"ok": False, **dataclasses.asdict(self)}
+
+
+REPLIES: dict[type[Message], type[Message]] = {
+    Hello: HelloReply, ListModels: ModelList, GetMetadata: ModelMetadata,
+    GetConfig: ModelConfig, GetStats: StatsReply}
+
+
+def decode_request(wire: dict) -> Message:
+    op = wire.get("op")
+    if op not in REQUESTS:
+        raise ValueError(f"unknown control operation {op!r}")
+    return REQUESTS[op].from_wire(wire)
+
+
+def decode_reply(request: Message, wire: dict) -> Message:
+    """The reply to `request`: its typed answer, or an ErrorReply."""
+    if not wire.get("ok"):
+        return ErrorReply.from_wire({"code": 5, "error": "?", **wire})
+    return REPLIES[type(request)].from_wire(wire)
+
+
+def pack_frame(message) -> bytes:
+    """A frame of a Message (or of a plain map: test vectors, hostile peers)."""
+    if isinstance(message, Message):
+        message = message.to_wire()
     body = msgpack.packb(message, use_bin_type=True)
     return FRAME_HEADER.pack(len(body)) + body
 
@@ -74,3 +233,14 @@ def recv_frame_fds(sock: socket.socket, max_fds: int = 1) -> tuple[dict, list[in
         for fd in fds:
             os.close(fd)
         raise
+
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict:
+    """One frame from an asyncio stream (the coordinator's side). Raises
+    asyncio.IncompleteReadError at end of stream, ConnectionError for a frame too long
+    to read (the stream cannot go on), ValueError for a body that is no msgpack map."""
+    (length,) = FRAME_HEADER.unpack(await reader.readexactly(FRAME_HEADER.size))
+    if length > MAX_FRAME_BYTES:
+        raise ConnectionError(f"control frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+    return unpack_body(await reader.readexactly(length))

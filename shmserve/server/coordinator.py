@@ -200,14 +200,11 @@ class Coordinator:
             self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))
 
     # -- 2. leases ----------------------------------------------------------------
-    def open_lease(self, hello: dict, peer_pid: int, peer_uid: int) -> dict:
-        if hello.get("version") != P.PROTOCOL_VERSION:
-            raise ShmServeError(f"protocol version {hello.get('version')} not supported "
+    def open_lease(self, hello: P.Hello, peer_pid: int, peer_uid: int) -> P.HelloReply:
+        if hello.version != P.PROTOCOL_VERSION:
+            raise ShmServeError(f"protocol version {hello.version} not supported "
                                 f"(server speaks {P.PROTOCOL_VERSION})", P.Status.INVALID_ARG)
-        want = hello.get("arena_bytes") or self.opts.default_arena_bytes
-        if not isinstance(want, int):
-            raise ShmServeError(f"hello: arena_bytes must be an integer, got {want!r}",
-                                P.Status.INVALID_ARG)
+        want = hello.arena_bytes or self.opts.default_arena_bytes
         if want <= 0 or want > self.opts.max_arena_bytes:
             raise ShmServeError(f"arena of {want} bytes refused: this server allows 1 byte to "
                                 f"{self.opts.max_arena_bytes} bytes (--max-arena-bytes)",
@@ -237,11 +234,11 @@ class Coordinator:
         srv.write_client_entry(entry, generation, peer_pid, peer_uid, alayout.segment_bytes, path)
         self.leases[client_id] = {"arena": arena, "pid": peer_pid}
         log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
-        return {"client_id": client_id, "generation": generation,
-                "control_bytes": self.control.size, "arena_bytes": alayout.segment_bytes,
-                "slots_offset": alayout.slots_offset, "n_slots": alayout.n_slots,
-                "data_offset": alayout.data_offset, "server_pid": os.getpid(),
-                "spin_us": self.opts.spin_us, "models": self.model_list()}
+        return P.HelloReply(
+            client_id=client_id, generation=generation, control_bytes=self.control.size,
+            arena_bytes=alayout.segment_bytes, slots_offset=alayout.slots_offset,
+            n_slots=alayout.n_slots, data_offset=alayout.data_offset, server_pid=os.getpid(),
+            spin_us=self.opts.spin_us, models=[dataclasses.asdict(m) for m in self.model_list()])
 
     def close_lease(self, client_id: int) -> None:
         lease = self.leases.pop(client_id, None)
@@ -256,13 +253,12 @@ class Coordinator:
         log.info("lease %d closed (pid %d)", client_id, lease["pid"])
 
     # -- 3. control-socket requests ------------------------------------------------
-    def model_list(self) -> list[dict]:
-        out = []
-        for model_id, spec in enumerate(self.specs):
-            meta = spec.metadata(model_id)
-            meta["state"] = self.model_state.get(model_id, "LOADING")
-            out.append(meta)
-        return out
+    def model_list(self) -> list[P.ModelMetadata]:
+        return [self.metadata(model_id) for model_id in range(len(self.specs))]
+
+    def metadata(self, model_id: int) -> P.ModelMetadata:
+        return P.ModelMetadata(**self.specs[model_id].metadata(model_id),
+                               state=self.model_state.get(model_id, "LOADING"))
 
     def find_model(self, name: str, version) -> int:
         matches = [i for i, s in enumerate(self.specs) if s.name == name]
@@ -291,28 +287,23 @@ class Coordinator:
             out.append(row)
         return out
 
-    def handle(self, msg: dict, lease: dict) -> dict:
-        op = msg.get("op")
-        if op == P.OP_HELLO:
+    def handle(self, msg: P.Message, lease: dict) -> P.Message:
+        if isinstance(msg, P.Hello):
             if lease.get("client_id") is not None:
                 raise ShmServeError("hello sent twice on one connection", P.Status.INVALID_ARG)
             reply = self.open_lease(msg, lease["pid"], lease["uid"])
-            lease["client_id"] = reply["client_id"]
-            lease["send_fds"] = [self.leases[reply["client_id"]]["arena"].fd, self.control.fd]
+            lease["client_id"] = reply.client_id
+            lease["send_fds"] = [self.leases[reply.client_id]["arena"].fd, self.control.fd]
             return reply
-        if op == P.OP_MODELS:
-            return {"models": self.model_list()}
-        if op == P.OP_METADATA:
-            model_id = self.find_model(msg.get("model", ""), msg.get("version"))
-            meta = self.specs[model_id].metadata(model_id)
-            meta["state"] = self.model_state.get(model_id, "LOADING")
-            return meta
-        if op == P.OP_CONFIG:
-            model_id = self.find_model(msg.get("model", ""), msg.get("version"))
-            return {"config": self.specs[model_id].config_text}
-        if op == P.OP_STATS:
-            return {"models": self.stats(msg.get("model"))}
-        raise ShmServeError(f"unknown control operation {op!r}", P.Status.INVALID_ARG)
+        if isinstance(msg, P.ListModels):
+            return P.ModelList([dataclasses.asdict(m) for m in self.model_list()])
+        if isinstance(msg, P.GetMetadata):
+            return self.metadata(self.find_model(msg.model, msg.version))
+        if isinstance(msg, P.GetConfig):
+            return P.ModelConfig(self.specs[self.find_model(msg.model, msg.version)].config_text)
+        if isinstance(msg, P.GetStats):
+            return P.StatsReply(self.stats(msg.model))
+        raise ShmServeError(f"control operation {msg.OP!r} is not served", P.Status.INVALID_ARG)
 
     async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         sock = writer.get_extra_info("socket")
@@ -329,19 +320,13 @@ class Coordinator:
         self.connections.add(writer)
         try:
             while True:
-                header = await reader.readexactly(P.FRAME_HEADER.size)
-                (length,) = P.FRAME_HEADER.unpack(header)
-                if length > P.MAX_FRAME_BYTES:
-                    break
                 try:
-                    msg = P.unpack_body(await reader.readexactly(length))
-                    reply = {"ok": True, **self.handle(msg, lease)}
+                    reply = self.handle(P.decode_request(await P.read_frame(reader)), lease)
                 except ShmServeError as e:
-                    reply = {"ok": False, "code": int(e.code), "error": e.msg,
-                             "type": type(e).__name__}
+                    reply = P.ErrorReply(int(e.code), e.msg, type(e).__name__)
                 except (ValueError, TypeError, OverflowError, KeyError) as e:
-                    reply = {"ok": False, "code": int(P.Status.INVALID_ARG),
-                             "error": f"malformed control message: {type(e).__name__}: {e}"}
+                    reply = P.ErrorReply(int(P.Status.INVALID_ARG),
+                                         f"malformed control message: {type(e).__name__}: {e}")
                 fds = lease.pop("send_fds", None)
                 if fds is None:
                     writer.write(P.pack_frame(reply))
