@@ -1,0 +1,218 @@
+"""Intake: the batcher's trust boundary. Everything a client wrote is read here and
+nowhere else in the batcher: the request ring (drained, its stalled or forged claims
+skipped), each request's descriptor (copied and validated by the C core's take()),
+the slot states of live leases (swept for requests the ring lost, and after a
+restart for those the previous batcher held).
+
+What comes out is a validated queue entry (scheduling.Pending), handed to the
+scheduler of its model; intake answers itself every request refused before it reaches
+a worker: invalid ones, and the Rejections of a scheduler (reject()).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from .._core import now_ns
+from ..protocol import (LAYOUT, MAX_BATCH_REQUESTS, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
+                        RingConsumer, SlotState, Timestamp)
+from .maps import ServerMaps
+from .scheduling import Pending, Rejection, Scheduler
+
+L = LAYOUT
+log = logging.getLogger("shmserve.batcher")
+RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
+SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
+SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claims are skipped at once
+
+
+class Intake:
+    def __init__(self, maps: ServerMaps, schedulers: Sequence[Scheduler]):
+        self.maps = maps
+        self.schedulers = schedulers  # by model id
+        self.n_models = maps.layout.n_models
+        self.ring = RingConsumer(maps.ctl, maps.srv.load64(L["server.ring_pos"]))
+        self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
+        self.suspects: dict[int, tuple[int, int]] = {}  # client id -> (lease, suspect until ns)
+        self.sweep_at = now_ns() + SWEEP_NS
+        self.damage_logged_at = 0
+
+    # -- take every published request from the ring ------------------------------
+    def drain_ring(self) -> bool:
+        ring = self.ring
+        start, took = ring.pos, False
+        if ring.repair():
+            self.ring_damaged("enqueue_pos was outside the ring; moved back")
+        tries = 0
+        while True:
+            got = ring.pop()
+            if got is None:
+                self.stall = None
+                break
+            kind, a, b, c = got
+            if kind == POP_OK:
+                took = True
+                self.take(a, b, c)
+                continue
+            if kind == POP_STALLED and not self.may_skip_claim(a, b):
+                break
+            # Bounded (failed skips included), so that a client rewriting cells as fast
+            # as we skip them cannot keep the batcher here; the next pass goes on.
+            tries += 1
+            if tries > ring.capacity:
+                break
+            if ring.skip(b):
+                # A cell left consumed is what a predecessor that died between popping
+                # and saving server.ring_pos leaves: not damage.
+                if kind == POP_CORRUPT and b != ring.pos - 1 + ring.capacity:
+                    self.ring_damaged(f"ring cell at position {ring.pos - 1} held {b:#x}")
+        if ring.pos != start:
+            self.maps.srv.store64(L["server.ring_pos"], ring.pos)
+        return took
+
+    def take(self, client_id: int, slot: int, gen: int) -> None:
+        """Claims, copies and validates one request; answers it at once if invalid,
+        else hands it to its model's scheduler."""
+        layout = self.maps.layout
+        if client_id >= layout.max_clients or slot >= layout.slots_per_client:
+            return  # malformed entry: there is no slot to answer
+        _, lease = self.maps.lease_of(client_id)
+        mapped = self.maps.arena(client_id, lease)
+        if mapped is None:
+            return  # the lease ended: nobody to answer
+        arena, alayout = mapped
+        slot_off = alayout.slot(slot)
+        try:
+            taken = arena.ops.take(slot_off, slot, gen, client_id, lease, self.maps.srv,
+                                   layout.shadow(client_id, slot), layout.models_offset,
+                                   self.n_models, alayout.data_offset)
+        except (IndexError, ValueError) as e:  # arena header destroyed by its owner
+            log.warning("client %d: unusable request descriptor: %s", client_id, e)
+            return
+        if taken is None:
+            return  # stale or duplicate entry
+        if isinstance(taken[1], str):
+            status, msg = taken
+            model_id = arena.ops.load32(slot_off + L["slot.request"])
+            if model_id < self.n_models:
+                self.maps.model_add(model_id, "request_failure", 1)
+            arena.ops.complete(slot_off, gen, status, msg, [])
+            return
+        model_id, rows, key = taken
+        p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen)
+        refused = self.schedulers[model_id].enqueue(p)
+        if refused is not None:
+            self.reject(model_id, refused)
+
+    def reject(self, model_id: int, r: Rejection) -> None:
+        """Answers a queued request with an error, unless its lease ended meanwhile
+        (its arena is unmapped: nobody is left to answer)."""
+        p = r.pending
+        if p.arena.ops is None:
+            return
+        p.arena.ops.complete(p.slot_off, p.generation, int(r.status), r.message, [])
+        self.maps.model_add(model_id, "request_failure", 1)
+
+    def may_skip_claim(self, owner: int, head_seq: int) -> bool:
+        """The ring head is claimed by `owner` and not published. Skip it if that
+        lease is dead, if the owner is no client at all (a forged claim), or once it
+        has held the head for RING_STALL_NS: then the owner's publish fails and a live
+        client pushes again. A lease caught stalling is skipped at once for SUSPECT_NS."""
+        if owner >= self.maps.layout.max_clients:
+            return True
+        state, lease = self.maps.lease_of(owner)
+        now = now_ns()
+        suspect = self.suspects.get(owner)
+        if state != ClientState.ALIVE or (suspect and suspect[0] == lease and now < suspect[1]):
+            return True
+        if self.stall is None or self.stall[0] != (self.ring.pos, head_seq):
+            self.stall = ((self.ring.pos, head_seq), now)
+            return False
+        if now - self.stall[1] < RING_STALL_NS:
+            return False
+        # The owner in a claim word is not authenticated (a client may forge another's
+        # id): the suspicion lapses, and a skipped honest client just pushes again.
+        self.suspects[owner] = (lease, now + SUSPECT_NS)
+        self.ring_damaged(f"client {owner} held a ring claim unpublished for "
+                          f"{(now - self.stall[1]) / 1e6:.0f} ms")
+        return True
+
+    def stall_ends(self) -> int | None:
+        """When the grace of the stalled claim at the ring head ends (None: no stall):
+        the loop must come back then to skip it."""
+        return None if self.stall is None else self.stall[1] + RING_STALL_NS
+
+    def ring_damaged(self, what: str) -> None:
+        """A client broke the ring's rules: entries may have been lost, so sweep now."""
+        now = now_ns()
+        if now - self.damage_logged_at >= SWEEP_NS:  # one line a second, not a flood
+            log.warning("request ring: %s", what)
+            self.damage_logged_at = now
+        self.sweep_at = 0
+
+    # -- requests the ring does not (or no longer) hold ----------------------------
+    def housekeeping(self) -> None:
+        """Every SWEEP_NS, or at once after ring damage: takes the requests whose ring
+        entries were lost, and unmaps the arenas of ended leases (only between
+        batches: none is in hand when the loop calls this)."""
+        if now_ns() < self.sweep_at:
+            return
+        if self.sweep():
+            log.warning("request ring: took requests whose ring entries were lost")
+        self.maps.drop_ended_leases()
+        self.sweep_at = now_ns() + SWEEP_NS
+
+    def recover(self) -> int:
+        """After a restart: takes again every request a previous batcher had claimed
+        but not handed to a worker (QUEUED outside any assigned mailbox), and every
+        SUBMITTED request whose ring entry it had popped. On a first start there are
+        no clients and nothing to do."""
+        layout, srv = self.maps.layout, self.maps.srv
+        assigned = set()
+        for w in range(layout.n_workers):
+            mb = layout.mailbox(w)
+            if srv.load32(mb + L["mailbox.state"]) != 0:
+                n = min(srv.load32(mb + L["mailbox.n"]), MAX_BATCH_REQUESTS)
+                assigned.update(srv.load32(mb + L["mailbox.shadow"] + 4 * i) for i in range(n))
+        recovered = self.sweep(requeue_unassigned=assigned, min_age_ns=0)
+        if recovered:
+            log.warning("recovered %d request(s) held by the previous batcher", recovered)
+        return recovered
+
+    def sweep(self, requeue_unassigned: set[int] | None = None, min_age_ns: int = SWEEP_NS // 10) -> int:
+        """Takes every SUBMITTED request of a live lease that the ring does not hold:
+        its entry was lost (a client overwrote ring cells) or popped by a batcher that
+        died. Slot states, in each client's own arena, are the truth; the ring only
+        says where to look first. A late duplicate entry is ignored by take().
+        With requeue_unassigned (after a restart), QUEUED requests whose shadow index
+        is not in that set are taken again too. A request younger than min_age_ns (by
+        its client's ENQUEUE stamp) is left to its ring entry: its push may be under
+        way. Returns how many were taken."""
+        layout = self.maps.layout
+        in_ring = set(self.ring.pending())
+        now = now_ns()
+        stamp = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE
+        taken = 0
+        for client_id in range(layout.max_clients):
+            state, lease = self.maps.lease_of(client_id)
+            mapped = self.maps.arena(client_id, lease) if state == ClientState.ALIVE else None
+            if mapped is None:
+                continue
+            arena, alayout = mapped
+            for slot in range(layout.slots_per_client):
+                off = alayout.slot(slot)
+                st = arena.ops.load32(off + L["slot.state"])
+                if st == SlotState.QUEUED and requeue_unassigned is not None \
+                        and layout.shadow_index(client_id, slot) not in requeue_unassigned:
+                    if not arena.ops.cas32(off + L["slot.state"], SlotState.QUEUED, SlotState.SUBMITTED):
+                        continue
+                elif st != SlotState.SUBMITTED:
+                    continue
+                elif now - arena.ops.load64(off + stamp) < min_age_ns:
+                    continue
+                gen = arena.ops.load32(off + L["slot.generation"])
+                if (client_id, slot, gen) in in_ring:
+                    continue
+                self.take(client_id, slot, gen)
+                taken += 1
+        return taken

@@ -1,0 +1,115 @@
+"""Schedulers: which validated requests of one model run together, and when.
+
+The batcher process holds one scheduler per model, chosen from its ModelSpec by
+make_scheduler(). A scheduler is a policy over queue entries (Pending) and nothing
+else; the batcher's loop (batcher.py) and its intake (intake.py) do all the rest.
+
+Who calls what: everything runs in the batcher process, on its one thread, so a
+policy needs no locks.
+
+- intake.Intake.take() validates a request at the trust boundary, builds its Pending
+  and calls enqueue(p) on the scheduler of its model. A Rejection returned (e.g. a full
+  queue: BUSY) is answered by intake; None means the scheduler now holds p.
+- batcher.Batcher.dispatch(), on every pass of the loop, for each model that holds
+  requests (len(scheduler) > 0):
+    1. drain() if the model became unavailable (its instances crash-looped): every
+       request held is returned and the batcher answers each UNAVAILABLE;
+    2. expire(now_ns): requests that waited too long come back as Rejections, with
+       the time of the next expiry (or None); the batcher answers them;
+    3. next_batch(now_ns) once per idle instance worker, until it returns no batch:
+       (batch, None) hands that batch to the worker; (None, deadline) means wait, and
+       the loop runs again by deadline without being rung; (None, None) means nothing
+       can go until something happens (a new request, a worker going idle).
+  A scheduler is only asked again when the loop runs: on a doorbell (a new request,
+  an idle worker), on the earliest deadline it returned, or on the idle tick.
+
+Rules for a policy:
+- It never touches shared memory: Pending.arena and Pending.slot_off are handles the
+  batcher answers and dispatches with, opaque to a policy. It never answers a request
+  itself; it returns Rejections, which Intake.reject() answers.
+- Every Pending enqueued leaves exactly once: in one batch, in one Rejection, or in
+  drain(). One lost is a caller left waiting; one returned twice is answered twice.
+- It never blocks or sleeps: it returns a deadline instead.
+- A batch is a non-empty list of Pending that may run as one execution: same non-batch
+  shapes (equal Pending.key), at most max(max_batch_size, 1) rows in all and at most
+  MAX_BATCH_REQUESTS requests (the mailbox's capacity).
+- now_ns and Pending.arrived_ns are the same monotonic clock (shmserve._core.now_ns).
+
+A new policy (sequence batching, ensembles) is a new module with a Scheduler subclass
+whose applies_to(spec) recognises its models, listed in POLICIES before the default.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import NamedTuple, Sequence
+
+from ...protocol import Status
+from ..repository import ModelSpec
+
+
+@dataclasses.dataclass
+class Pending:
+    """One validated request waiting in a scheduler (built by intake)."""
+    shadow: int  # the request's shadow index: what a worker's mailbox names it by
+    rows: int  # its batch dimension (1 for a model without batching)
+    key: bytes  # its non-batch shapes: requests batch together only with an equal key
+    arrived_ns: int  # when intake took it
+    arena: object  # its client's arena mapping: opaque to a policy
+    slot_off: int  # its slot in that arena: opaque to a policy
+    generation: int = 0  # of the slot's request, to answer it
+
+
+class Rejection(NamedTuple):
+    """A request a scheduler will not run, and the error to answer it with."""
+    pending: Pending
+    status: Status
+    message: str
+
+
+class Scheduler(abc.ABC):
+    """The policy of one model. See the module docstring for the contract."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    @classmethod
+    @abc.abstractmethod
+    def applies_to(cls, spec: ModelSpec) -> bool:
+        """Whether this policy schedules the model spec describes (make_scheduler)."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """How many requests it holds (enqueued, not yet returned)."""
+
+    @abc.abstractmethod
+    def enqueue(self, p: Pending) -> Rejection | None:
+        """Takes p, or returns why not (intake answers it)."""
+
+    @abc.abstractmethod
+    def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
+        """(batch, None) to run now; (None, deadline_ns) to wait until then at the
+        latest; (None, None) when nothing can go before something new happens."""
+
+    @abc.abstractmethod
+    def expire(self, now_ns: int) -> tuple[list[Rejection], int | None]:
+        """The requests that waited too long, to answer, and when the next expires."""
+
+    @abc.abstractmethod
+    def drain(self) -> list[Pending]:
+        """Every request held, removed: the model became unavailable."""
+
+
+from .default import DefaultScheduler  # noqa: E402  (they subclass Scheduler)
+from .dynamic import DynamicBatchScheduler  # noqa: E402
+
+# Tried in order; the first whose applies_to(spec) is true schedules the model.
+POLICIES: tuple[type[Scheduler], ...] = (DynamicBatchScheduler, DefaultScheduler)
+
+
+def make_scheduler(spec: ModelSpec, policies: Sequence[type[Scheduler]] = POLICIES) -> Scheduler:
+    """The scheduler of a model: the first policy that applies to its spec."""
+    for policy in policies:
+        if policy.applies_to(spec):
+            return policy(spec)
+    raise ValueError(f"model '{spec.name}': no scheduling policy applies")

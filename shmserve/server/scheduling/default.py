@@ -1,0 +1,18 @@
+"""The default policy, for a model without dynamic_batching (Triton's default
+scheduler): one request per execution, in arrival order."""
+from __future__ import annotations
+
+from ..repository import ModelSpec
+from . import Pending
+from .fifo import FifoQueue
+
+
+class DefaultScheduler(FifoQueue):
+    @classmethod
+    def applies_to(cls, spec: ModelSpec) -> bool:
+        return True  # the fallback: POLICIES lists it last
+
+    def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
+        if not self.queue:
+            return None, None
+        return [self.queue.popleft()], None
