@@ -1,0 +1,100 @@
+"""A request before it reaches shared memory: what the client knows of a model (its
+plan, worked out once), and the caller's inputs and wanted outputs checked against it."""
+from __future__ import annotations
+
+import collections.abc
+
+import numpy as np
+
+from .. import errors
+from .. import protocol as P
+
+_BYTES = P.DataType.BYTES
+_DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
+               (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                np.uint64, np.float16, np.float32, np.float64)}
+
+
+class Plan:
+    """What the client needs of one (model, version), worked out once."""
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.id, self.name, self.version = meta["id"], meta["name"], meta["version"]
+        self.batched = meta["max_batch_size"] > 0
+        self.input_index = {t["name"]: i for i, t in enumerate(meta["inputs"])}
+        self.output_index = {t["name"]: i for i, t in enumerate(meta["outputs"])}
+        self.output_names = [t["name"] for t in meta["outputs"]]
+        self.outputs = []  # (index, name, itemsize or 0 for BYTES, dims without batch or None)
+        for i, t in enumerate(meta["outputs"]):
+            dims = t["shape"][1:] if self.batched else t["shape"]
+            fixed = t["datatype"] != "BYTES" and all(d >= 0 for d in dims)
+            itemsize = 0 if t["datatype"] == "BYTES" else \
+                P.numpy_dtype(P.DTYPE_CODES[t["datatype"]]).itemsize
+            self.outputs.append((i, t["name"], itemsize, dims if fixed else None))
+
+
+class Request:
+    """One request from submit to answer. `sources` keeps the caller's inputs so a
+    request can be rebuilt (output buffer too small)."""
+
+    __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
+                 "block", "block_bytes", "outputs", "sources_refs")
+
+
+def version_key(version) -> int | None:
+    """A model version as the control messages carry it: None for the highest."""
+    return int(version) if version not in (None, "", -1, 0) else None
+
+
+def sources(plan: Plan, inputs, locate) -> list:
+    """(index, dtype code, array or encoded bytes, arena offset or -1, shape) per
+    input. locate(array) is the array's offset in the caller's arena, or -1 when it
+    is not there (then it is copied in once)."""
+    if not isinstance(inputs, collections.abc.Mapping):
+        inputs = list(inputs)
+        if len(inputs) > len(plan.input_index):
+            raise errors.InvalidArgumentError(
+                f"model '{plan.name}' takes {len(plan.input_index)} inputs "
+                f"({', '.join(plan.input_index)}), got {len(inputs)}")
+        inputs = dict(zip(plan.input_index, inputs))
+    sources = []
+    for name, value in inputs.items():
+        index = plan.input_index.get(name)
+        if index is None:
+            raise errors.InvalidArgumentError(
+                f"model '{plan.name}' has no input '{name}' "
+                f"(inputs: {', '.join(plan.input_index)})")
+        arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+        code = _DTYPE_CODE.get(arr.dtype) or _dtype_code(plan, name, arr)
+        if code == _BYTES:
+            sources.append((index, code, P.encode_bytes(arr), -1, arr.shape))
+            continue
+        offset = locate(arr)
+        if offset < 0 and not arr.flags.c_contiguous:  # the one copy on the way in
+            arr = np.ascontiguousarray(arr)
+        sources.append((index, code, arr, offset, arr.shape))
+    return sources
+
+
+def _dtype_code(plan: Plan, name: str, arr: np.ndarray) -> int:
+    try:
+        return P.dtype_code(arr.dtype)
+    except TypeError as e:
+        raise errors.InvalidArgumentError(f"model '{plan.name}' input '{name}': {e}") from None
+
+
+def wanted(plan: Plan, outputs) -> list:
+    """The output specs (Plan.outputs entries) a request asks for; default all."""
+    if outputs is None:
+        return plan.outputs
+    if isinstance(outputs, str):
+        outputs = [outputs]
+    wanted = []
+    for name in outputs:
+        if name not in plan.output_index:
+            raise errors.InvalidArgumentError(
+                f"model '{plan.name}' has no output '{name}' "
+                f"(outputs: {', '.join(plan.output_names)})")
+        wanted.append(plan.outputs[plan.output_index[name]])
+    return wanted

@@ -1,0 +1,49 @@
+"""What a caller gets back: outputs by name, as views of its shared arena."""
+from __future__ import annotations
+
+import collections.abc
+
+import numpy as np
+
+
+class InferResult(collections.abc.Mapping):
+    """Outputs by name. Arrays are views of the caller's arena: they stay valid as long
+    as any of them (or this object) is referenced, or until release()."""
+
+    def __init__(self, arrays: dict, timestamps: tuple, model: str, version: int, blocks: list):
+        self._arrays = arrays
+        self.timestamps_ns = timestamps  # see protocol.Timestamp
+        self.model_name = model
+        self.model_version = version
+        self._blocks = blocks
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def as_numpy(self, name: str) -> np.ndarray | None:
+        """tritonclient-style accessor."""
+        return self._arrays.get(name)
+
+    def release(self) -> None:
+        """Returns the output memory to the arena now. Arrays taken from this result
+        must not be used afterwards."""
+        for finalizer in self._blocks:
+            finalizer()
+        self._blocks = []
+        self._arrays = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
+        return f"InferResult({self.model_name}, {{{inner}}})"
