@@ -38,6 +38,7 @@ class Client:
                              spin_us=spin_us)
         self.name = name
         self.client_id = self.engine.client_id
+        self.server_pid = self.engine.server_pid
 
     # -- control plane ------------------------------------------------------------
     def models(self) -> list[dict]:

@@ -1,0 +1,195 @@
+"""The coordinator's control plane: leases (one per control-socket connection: an
+arena, a client id, the client table entry) and the control-socket requests (typed
+messages of shmserve.protocol.control). A mixin of Coordinator, whose state it uses.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import struct
+import time
+
+from .. import protocol as P
+from ..errors import ShmServeError
+from ..protocol import LAYOUT as L
+from .segments import ArenaLayout, create_sealed
+
+log = logging.getLogger("shmserve.coordinator")
+LEASE_QUARANTINE_S = 5.0  # a dead lease's id is not reused before in-flight work drains
+
+
+class ControlPlane:
+    # -- leases ----------------------------------------------------------------
+    def open_lease(self, hello: P.Hello, peer_pid: int, peer_uid: int) -> P.HelloReply:
+        if hello.version != P.PROTOCOL_VERSION:
+            raise ShmServeError(f"protocol version {hello.version} not supported "
+                                f"(server speaks {P.PROTOCOL_VERSION})", P.Status.INVALID_ARG)
+        want = hello.arena_bytes or self.opts.default_arena_bytes
+        if want <= 0 or want > self.opts.max_arena_bytes:
+            raise ShmServeError(f"arena of {want} bytes refused: this server allows 1 byte to "
+                                f"{self.opts.max_arena_bytes} bytes (--max-arena-bytes)",
+                                P.Status.INVALID_ARG)
+        now = time.monotonic()
+        client_id = None
+        for cid in range(self.layout.max_clients):
+            if cid in self.leases:
+                continue
+            if now - self.dead_since.get(cid, -1e9) < LEASE_QUARANTINE_S:
+                continue
+            client_id = cid
+            break
+        if client_id is None:
+            raise ShmServeError(f"server has {self.opts.max_clients} clients already "
+                                "(--max-clients)", P.Status.BUSY)
+        entry = self.layout.client(client_id)
+        srv = self.server.ops
+        generation = (srv.load32(entry + L["client_entry.generation"]) + 1) & 0xFFFFFFFF
+        alayout = ArenaLayout.for_data(self.layout.slots_per_client, want)
+        self._arena_counter += 1
+        arena = create_sealed(f"shmserve-arena-{client_id}-{self._arena_counter}",
+                               alayout.segment_bytes, what=f"arena of client pid {peer_pid}")
+        arena.ops.init_arena(alayout.n_slots, want, client_id, generation)
+        # The batcher and workers open the arena through this process's descriptor.
+        path = f"/proc/{os.getpid()}/fd/{arena.fd}"
+        srv.write_client_entry(entry, generation, peer_pid, peer_uid, alayout.segment_bytes, path)
+        self.leases[client_id] = {"arena": arena, "pid": peer_pid}
+        log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
+        return P.HelloReply(
+            client_id=client_id, generation=generation, control_bytes=self.control.size,
+            arena_bytes=alayout.segment_bytes, slots_offset=alayout.slots_offset,
+            n_slots=alayout.n_slots, data_offset=alayout.data_offset, server_pid=os.getpid(),
+            spin_us=self.opts.spin_us, models=[dataclasses.asdict(m) for m in self.model_list()])
+
+    def close_lease(self, client_id: int) -> None:
+        lease = self.leases.pop(client_id, None)
+        if lease is None:
+            return
+        entry = self.layout.client(client_id)
+        self.server.ops.store32(entry + L["client_entry.state"], P.ClientState.DEAD)
+        self.dead_since[client_id] = time.monotonic()
+        lease["arena"].close()  # its memory goes when the last server mapping does
+        # The head of the ring may hold a claim of this client: let the batcher look.
+        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        log.info("lease %d closed (pid %d)", client_id, lease["pid"])
+
+    # -- control-socket requests ------------------------------------------------
+    def model_list(self) -> list[P.ModelMetadata]:
+        return [self.metadata(model_id) for model_id in range(len(self.specs))]
+
+    def metadata(self, model_id: int) -> P.ModelMetadata:
+        return P.ModelMetadata(**self.specs[model_id].metadata(model_id),
+                               state=self.model_state.get(model_id, "LOADING"))
+
+    def find_model(self, name: str, version) -> int:
+        matches = [i for i, s in enumerate(self.specs) if s.name == name]
+        if not matches:
+            known = sorted({s.name for s in self.specs})
+            raise ShmServeError(f"unknown model '{name}' (serving: {', '.join(known)})",
+                                P.Status.NOT_FOUND)
+        if version in (None, "", 0, -1):
+            return max(matches, key=lambda i: self.specs[i].version)
+        for i in matches:
+            if self.specs[i].version == int(version):
+                return i
+        raise ShmServeError(f"model '{name}' has no version {version} "
+                            f"(available: {sorted(self.specs[i].version for i in matches)})",
+                            P.Status.NOT_FOUND)
+
+    def stats(self, name: str | None) -> list[dict]:
+        out = []
+        srv = self.server.ops
+        for model_id, spec in enumerate(self.specs):
+            if name and spec.name != name:
+                continue
+            row = {"name": spec.name, "version": spec.version,
+                   "state": self.model_state.get(model_id, "LOADING")}
+            row.update(srv.model_stats(self.layout.model(model_id)))
+            out.append(row)
+        return out
+
+    def handle(self, msg: P.Message, lease: dict) -> P.Message:
+        if isinstance(msg, P.Hello):
+            if lease.get("client_id") is not None:
+                raise ShmServeError("hello sent twice on one connection", P.Status.INVALID_ARG)
+            reply = self.open_lease(msg, lease["pid"], lease["uid"])
+            lease["client_id"] = reply.client_id
+            lease["send_fds"] = [self.leases[reply.client_id]["arena"].fd, self.control.fd]
+            return reply
+        if isinstance(msg, P.ListModels):
+            return P.ModelList([dataclasses.asdict(m) for m in self.model_list()])
+        if isinstance(msg, P.GetMetadata):
+            return self.metadata(self.find_model(msg.model, msg.version))
+        if isinstance(msg, P.GetConfig):
+            return P.ModelConfig(self.specs[self.find_model(msg.model, msg.version)].config_text)
+        if isinstance(msg, P.GetStats):
+            return P.StatsReply(self.stats(msg.model))
+        raise ShmServeError(f"control operation {msg.OP!r} is not served", P.Status.INVALID_ARG)
+
+    async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        sock = writer.get_extra_info("socket")
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        pid, uid, gid = struct.unpack("<iII", creds)  # struct ucred
+        lease = {"pid": pid, "uid": uid, "client_id": None}
+        if uid not in (os.getuid(), 0) and not (
+                self.gid is not None and (gid == self.gid or self.gid in peer_groups(sock))):
+            log.warning("refused a connection from uid %d gid %d pid %d: not this server's "
+                        "user%s", uid, gid, pid, f" nor of group {self.opts.group}" if self.gid
+                        is not None else "")
+            writer.close()
+            return
+        self.connections.add(writer)
+        try:
+            while True:
+                try:
+                    reply = self.handle(P.decode_request(await P.read_frame(reader)), lease)
+                except ShmServeError as e:
+                    reply = P.ErrorReply(int(e.code), e.msg, type(e).__name__)
+                except (ValueError, TypeError, OverflowError, KeyError) as e:
+                    reply = P.ErrorReply(int(P.Status.INVALID_ARG),
+                                         f"malformed control message: {type(e).__name__}: {e}")
+                fds = lease.pop("send_fds", None)
+                if fds is None:
+                    writer.write(P.pack_frame(reply))
+                else:
+                    await send_with_fds(writer, P.pack_frame(reply), fds)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            self.connections.discard(writer)
+            if lease["client_id"] is not None:
+                self.close_lease(lease["client_id"])
+            writer.close()
+
+
+def peer_groups(sock) -> set[int]:
+    """The supplementary groups of a Unix-socket peer (SO_PEERGROUPS, Linux 4.13)."""
+    so_peergroups = getattr(socket, "SO_PEERGROUPS", 59)
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, so_peergroups, 4 * 1024)
+    except OSError:
+        return set()
+    return set(struct.unpack(f"<{len(raw) // 4}I", raw))
+
+
+async def send_with_fds(writer: asyncio.StreamWriter, frame: bytes, fds: list[int]) -> None:
+    """Sends a frame with fds attached (SCM_RIGHTS) on its first bytes. The transport
+    cannot carry descriptors, so this goes straight to the socket, once everything
+    the transport holds is out (frames stay in order)."""
+    while writer.transport.get_write_buffer_size():
+        await asyncio.sleep(0.001)
+    sock = socket.socket(fileno=os.dup(writer.get_extra_info("socket").fileno()))
+    try:
+        while True:
+            try:
+                sent = socket.send_fds(sock, [frame], fds)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(0.001)
+    finally:
+        sock.close()  # the duplicate; the transport's own descriptor stays open
+    if sent < len(frame):
+        writer.write(frame[sent:])

@@ -1,0 +1,125 @@
+"""Supervision of the coordinator's children: the batcher and one worker per model
+instance are started (workers report on stdout whether their model loaded),
+restarted with a backoff when they exit, and retired when they crash-loop. A mixin of
+Coordinator, whose state it uses.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import select
+import subprocess
+import sys
+import time
+
+from .. import protocol as P
+from ..protocol import LAYOUT as L
+
+log = logging.getLogger("shmserve.coordinator")
+CRASH_LOOP = (5, 60.0)  # a worker that exits this many times in this many seconds is retired
+
+
+@dataclasses.dataclass
+class Child:
+    role: str  # "batcher" or "worker"
+    boot: dict
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    exits: list = dataclasses.field(default_factory=list)  # monotonic times of recent exits
+    retired: bool = False
+
+
+class Supervisor:
+    def spawn(self, child: Child, handshake: bool = False) -> None:
+        """Starts a child; with handshake, its stdout is a pipe on which a worker says
+        whether its model loaded (read by start_children)."""
+        child.proc = subprocess.Popen([sys.executable, "-m", f"shmserve.server.{child.role}"],
+                                      stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE if handshake else subprocess.DEVNULL)
+        child.proc.stdin.write((json.dumps(child.boot) + "\n").encode())
+        child.proc.stdin.close()
+
+    def read_handshake(self, child: Child, deadline: float) -> dict:
+        """A worker's one-line load report, or why there is none."""
+        ready, _, _ = select.select([child.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            child.proc.kill()
+            child.proc.wait()
+            return {"error": f"did not load within {self.opts.load_timeout_s:.0f} s"}
+        line = child.proc.stdout.readline()
+        try:
+            return json.loads(line) if line else {}
+        except ValueError:
+            return {}
+
+    def start_children(self) -> None:
+        deadline = time.monotonic() + self.opts.load_timeout_s
+        for child in self.children:
+            self.spawn(child, handshake=child.role == "worker")
+        # Workers say on stdout whether their model loaded.
+        for child in self.children:
+            if child.role != "worker":
+                continue
+            model_id = child.boot["model_id"]
+            msg = self.read_handshake(child, deadline)
+            if msg.get("ready"):
+                self.model_state.setdefault(model_id, "READY")
+            else:
+                why = msg.get("error") or f"worker exited with code {child.proc.wait()}"
+                self.model_state[model_id] = f"UNAVAILABLE: {why}"
+                log.error("model '%s' version %d failed to load: %s",
+                          self.specs[model_id].name, self.specs[model_id].version, why)
+            child.proc.stdout.close()
+        for model_id in range(len(self.specs)):
+            ready = self.model_state.get(model_id) == "READY"
+            self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))
+
+    async def supervise(self, stop: asyncio.Event) -> None:
+        """Restarts children that exit, with a backoff that grows with their recent
+        exits; each restart is its own timer, so one waiting restart delays no other."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            for child in self.children:
+                code = child.proc.poll() if child.proc else None
+                if code is None or child.retired:
+                    continue  # running, retired, or a restart already scheduled
+                if child.role == "worker" and not self.model_state.get(
+                        child.boot["model_id"], "").startswith("READY"):
+                    continue  # never loaded: reported as UNAVAILABLE, not restarted
+                now = time.monotonic()
+                child.exits = [t for t in child.exits if now - t < CRASH_LOOP[1]] + [now]
+                if child.role == "worker" and len(child.exits) >= CRASH_LOOP[0]:
+                    self.retire(child, code)
+                    continue
+                child.restarts += 1
+                delay = min(0.1 * 2 ** len(child.exits), 5.0)
+                log.error("%s (pid %d) exited with code %s; restart %d in %.1fs", child.role,
+                          child.proc.pid, code, child.restarts, delay)
+                if child.role == "worker":  # no dispatch to it until the new one loaded
+                    mb = self.layout.mailbox(child.boot["worker_index"])
+                    self.server.ops.store32(mb + L["mailbox.pid"], 0)
+                child.proc = None
+                loop.call_later(delay, lambda c=child: stop.is_set() or self.spawn(c))
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except asyncio.TimeoutError:
+                pass
+
+    def retire(self, child: Child, code) -> None:
+        """A crash-looping worker is not restarted again. The batcher answers its
+        batch; once no instance of its model is left, the model is UNAVAILABLE."""
+        child.retired, child.proc = True, None
+        model_id = child.boot["model_id"]
+        spec = self.specs[model_id]
+        mb = self.layout.mailbox(child.boot["worker_index"])
+        self.server.ops.store32(mb + L["mailbox.pid"], P.MAILBOX_RETIRED)
+        log.error("model '%s' instance %d exited %d times in %.0f s (last exit code %s): retired",
+                  spec.name, child.boot["worker_index"], CRASH_LOOP[0], CRASH_LOOP[1], code)
+        siblings = [c for c in self.children if c.role == "worker" and c.boot["model_id"] == model_id]
+        if all(c.retired for c in siblings):
+            self.model_state[model_id] = (f"UNAVAILABLE: its worker crashed {CRASH_LOOP[0]} times "
+                                          f"in {CRASH_LOOP[1]:.0f} s (last exit code {code})")
+            self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], 0)
+        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
