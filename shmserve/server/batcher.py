@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from .._core import now_ns
-from ..protocol import LAYOUT, Status, Timestamp
+from ..protocol import LAYOUT, MAILBOX_RETIRED, MailboxState, Status, Timestamp
 from .intake import Intake
 from .maps import ServerMaps, child_setup
 from .repository import ModelSpec
@@ -67,14 +67,14 @@ class Batcher:
             for w in m.workers:
                 mb = layout.mailbox(w)
                 pid = srv.load32(mb + L["mailbox.pid"])
-                if pid == L["MAILBOX_RETIRED"]:  # its last batch has nobody else to answer it
+                if pid == MAILBOX_RETIRED:  # its last batch has nobody else to answer it
                     self.maps.fail_batch(w, m.model_id, f"model '{m.spec.name}': the instance "
                                          "executing this request crash-looped and was retired")
                     retired += 1
                     continue
                 if not len(s):
                     continue
-                if srv.load32(mb + L["mailbox.state"]) != 0 or pid == 0:
+                if srv.load32(mb + L["mailbox.state"]) != MailboxState.IDLE or pid == 0:
                     busy.append(mb)
                     continue
                 batch, wait_until = s.next_batch(now)
@@ -87,7 +87,7 @@ class Batcher:
                 # batcher_waiting: either it rings us, or we see it idle here.
                 for mb in busy:
                     srv.store32(mb + L["mailbox.batcher_waiting"], 1)
-                if any(srv.load32(mb + L["mailbox.state"]) == 0 for mb in busy):
+                if any(srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE for mb in busy):
                     deadline = now
         return deadline
 

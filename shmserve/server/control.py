@@ -68,6 +68,8 @@ class ControlPlane:
         if lease is None:
             return
         entry = self.layout.client(client_id)
+        # SYNC POINT: pairs with the batcher's and workers' loads in ServerMaps.lease_of:
+        # from here on they answer nothing of this lease and unmap its arena.
         self.server.ops.store32(entry + L["client_entry.state"], P.ClientState.DEAD)
         self.dead_since[client_id] = time.monotonic()
         lease["arena"].close()  # its memory goes when the last server mapping does

@@ -14,7 +14,7 @@ import logging
 from typing import Sequence
 
 from .._core import now_ns
-from ..protocol import (LAYOUT, MAX_BATCH_REQUESTS, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
+from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, ClientState, MailboxState,
                         RingConsumer, SlotState, Timestamp)
 from .maps import ServerMaps
 from .scheduling import Pending, Rejection, Scheduler
@@ -171,9 +171,8 @@ class Intake:
         assigned = set()
         for w in range(layout.n_workers):
             mb = layout.mailbox(w)
-            if srv.load32(mb + L["mailbox.state"]) != 0:
-                n = min(srv.load32(mb + L["mailbox.n"]), MAX_BATCH_REQUESTS)
-                assigned.update(srv.load32(mb + L["mailbox.shadow"] + 4 * i) for i in range(n))
+            if srv.load32(mb + L["mailbox.state"]) != MailboxState.IDLE:
+                assigned.update(srv.mailbox_batch(mb))
         recovered = self.sweep(requeue_unassigned=assigned, min_age_ns=0)
         if recovered:
             log.warning("recovered %d request(s) held by the previous batcher", recovered)
@@ -201,6 +200,8 @@ class Intake:
             arena, alayout = mapped
             for slot in range(layout.slots_per_client):
                 off = alayout.slot(slot)
+                # SYNC POINT: the seq_cst load pairs with the client's release store of
+                # SUBMITTED (shms_slot_submit); take() re-checks it with its CAS.
                 st = arena.ops.load32(off + L["slot.state"])
                 if st == SlotState.QUEUED and requeue_unassigned is not None \
                         and layout.shadow_index(client_id, slot) not in requeue_unassigned:

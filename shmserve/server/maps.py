@@ -33,7 +33,9 @@ class ServerMaps:
 
     # The client table is written by the coordinator only; clients never see it.
     def lease_of(self, client_id: int) -> tuple[int, int]:
-        """(state, lease generation) of a client table entry."""
+        """(state, lease generation) of a client table entry.
+        SYNC POINT: the seq_cst load of the state pairs with the coordinator's store of
+        ALIVE after the entry's other fields (write_client_entry) and of DEAD (close_lease)."""
         off = self.layout.client(client_id)
         return (self.srv.load32(off + L["client_entry.state"]),
                 self.srv.load32(off + L["client_entry.generation"]))
