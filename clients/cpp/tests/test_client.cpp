@@ -1,175 +1,37 @@
 // Tests of the C++ client against a live server (started by tests/test_cpp_client.py).
 //
 //   shmserve_cpp_tests suite     --socket PATH --vectors FILE   every check below
-//   shmserve_cpp_tests vectors   --vectors FILE                 byte vectors only (no server)
+//   shmserve_cpp_tests vectors   --vectors FILE                 byte vectors only (no server),
+//                                                               test_vectors.cpp
 //   shmserve_cpp_tests roundtrip --socket PATH --dir DIR        requests from DIR/manifest.txt,
 //                                                               outputs written to DIR
 //   shmserve_cpp_tests shutdown  --socket PATH                  expects the server to stop
 //                                                               while a request waits
-// No test framework: CHECK prints what failed and where; the exit code counts failures.
-#include <shmserve/client.hpp>
-
-#include <chrono>
-#include <cstdio>
-#include <fstream>
-#include <functional>
+// No test framework: CHECK (check.hpp) prints what failed and where; the exit code
+// counts failures.
 #include <iostream>
 #include <random>
-#include <sstream>
 #include <thread>
+
+#include "check.hpp"
+
+void test_vectors(const std::string &path);  // test_vectors.cpp
 
 namespace {
 
-int failures = 0;
-
-#define CHECK(cond, ...)                                                                 \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      failures++;                                                                        \
-      std::fprintf(stderr, "FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
-      std::fprintf(stderr, "%s\n", describe(__VA_ARGS__).c_str());                       \
-    }                                                                                    \
-  } while (0)
-
-template <class... A> std::string describe(const A &...a) {
-  std::ostringstream s;
-  (s << ... << a);
-  return s.str();
-}
-
-/// Runs fn, expects an exception of type E whose message contains `needle`.
-template <class E>
-void expect_error(const char *what, const std::function<void()> &fn, const std::string &needle,
-                  shmserve::Status status) {
-  try {
-    fn();
-    CHECK(false, what, ": no error raised");
-  } catch (const E &e) {
-    CHECK(e.status() == status, what, ": status ", shmserve::status_name(e.status()));
-    CHECK(std::string(e.what()).find(needle) != std::string::npos, what, ": message '", e.what(),
-          "' lacks '", needle, "'");
-  } catch (const std::exception &e) {
-    CHECK(false, what, ": wrong exception type: ", e.what());
-  }
-}
-
-void run(const char *name, const std::function<void()> &fn) {
-  int before = failures;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    fn();
-  } catch (const std::exception &e) {
-    failures++;
-    std::fprintf(stderr, "FAILED %s: unexpected exception: %s\n", name, e.what());
-  }
-  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("%s %s (%.0f ms)\n", failures == before ? "ok  " : "FAIL", name, ms);
-  std::fflush(stdout);
-}
-
-std::string hex(const void *p, size_t n) {
-  static const char *d = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = static_cast<const unsigned char *>(p)[i];
-    s += d[c >> 4];
-    s += d[c & 15];
-  }
-  return s;
-}
-std::string hex(const std::string &s) { return hex(s.data(), s.size()); }
-
-/// The "hex" of vector `name` in the JSON file (written by scripts/make_vectors.py,
-/// one key per line): enough of a JSON reader for that file.
-std::string vector_hex(const std::string &json, const std::string &name) {
-  size_t at = json.find("\"" + name + "\": {");
-  if (at == std::string::npos) return "<missing>";
-  at = json.find("\"hex\": \"", at);
-  if (at == std::string::npos) return "<missing>";
-  at += 8;
-  return json.substr(at, json.find('"', at) - at);
-}
-
-std::string read_file(const std::string &path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// ------------------------------------------------------------------ vectors
-
-void test_vectors(const std::string &path) {
-  const std::string json = read_file(path);
-  CHECK(!json.empty(), "cannot read ", path);
-  using shmserve::DType;
-  std::vector<shms_tensor_ref> in = {
-      shmserve::make_tensor_ref(0, DType::INT32, 0x28000, 64, {1, 16}),
-      shmserve::make_tensor_ref(1, DType::INT32, 0x28040, 64, {1, 16})};
-  std::vector<shms_tensor_ref> out = {shmserve::make_tensor_ref(0, DType::INVALID, 0x28080, 64, {}),
-                                      shmserve::make_tensor_ref(1, DType::INVALID, 0x280c0, 64, {})};
-  CHECK(hex(&in[0], sizeof in[0]) == vector_hex(json, "tensor_ref"), "tensor_ref differs");
-  auto req = std::make_unique<shms_request>();
-  std::memset(req.get(), 0, sizeof *req);
-  shmserve::encode_request(*req, 2, in, out);
-  CHECK(hex(req.get(), sizeof *req) == vector_hex(json, "request_simple"), "request_simple differs");
-
-  uint64_t claim = shms_claim_word(3, 4097);
-  CHECK(hex(&claim, 8) == vector_hex(json, "claim_word"), "claim word ", hex(&claim, 8));
-
-  // A ring of 8 cells, enqueue_pos 4097, one real push (shms_ring_push).
-  alignas(64) unsigned char buf[sizeof(shms_control) + 8 * sizeof(shms_ring_cell)] = {};
-  auto *ctl = reinterpret_cast<shms_control *>(buf);
-  ctl->magic = SHMS_MAGIC_CONTROL;
-  ctl->version = SHMS_PROTOCOL_VERSION;
-  ctl->header_bytes = ctl->ring_offset = sizeof(shms_control);
-  ctl->ring_capacity = 8;
-  shms_ring ring;
-  CHECK(shms_ring_attach(&ring, buf, sizeof buf) == 0, "attach failed");
-  for (uint64_t i = 0; i < 8; i++) ring.cells[i].seq.store(i);
-  ctl->enqueue_pos.store(4097);
-  ring.cells[1].seq.store(4097);
-  CHECK(shms_ring_push(&ring, 3, 5, 7) == SHMS_RING_OK, "push failed");
-  uint64_t enq = ctl->enqueue_pos.load();
-  CHECK(hex(&ring.cells[1], 32) + hex(&enq, 8) == vector_hex(json, "ring_cell_after_push"),
-        "ring cell differs: ", hex(&ring.cells[1], 32) + hex(&enq, 8));
-
-  CHECK(hex(shmserve::hello_frame(4242, 1048576)) == vector_hex(json, "hello_frame"), "hello frame differs: ",
-        hex(shmserve::hello_frame(4242, 1048576)));
-  CHECK(hex(shmserve::op_frame("metadata", "simple", 0)) == vector_hex(json, "metadata_frame"),
-        "metadata frame differs");
-  CHECK(hex(shmserve::encode_bytes({"ab", ""})) == vector_hex(json, "bytes_tensor"), "BYTES encoding differs");
-  auto items = shmserve::decode_bytes("\x02\0\0\0ab\0\0\0\0", 10, 2);
-  CHECK(items.size() == 2 && items[0] == "ab" && items[1].empty(), "BYTES decoding");
-
-  auto unhex = [](const std::string &h) {
-    std::string s;
-    for (size_t i = 0; i + 1 < h.size(); i += 2) s += static_cast<char>(std::stoi(h.substr(i, 2), nullptr, 16));
-    return s;
-  };
-  shmserve::Reply err = shmserve::decode_frame(unhex(vector_hex(json, "error_reply_frame")));
-  CHECK(!err.ok(), "error reply decodes as ok");
-  expect_error<shmserve::InvalidArgumentError>("error reply", [&] { err.raise_if_failed(); },
-                                               "protocol version 1 not supported", shmserve::Status::INVALID_ARG);
-  shmserve::Reply meta = shmserve::decode_frame(unhex(vector_hex(json, "metadata_reply_frame")));
-  shmserve::ModelInfo m = shmserve::parse_model(meta.root());
-  CHECK(meta.ok() && m.id == 2 && m.name == "simple" && m.version == 1 && m.max_batch_size == 8 &&
-            m.inputs.size() == 2 && m.outputs.size() == 2 && m.inputs[1].name == "INPUT1" &&
-            m.inputs[1].dtype == DType::INT32 && m.inputs[1].shape == std::vector<int64_t>({-1, 16}) &&
-            m.ready(),
-        "metadata reply decoded wrong");
-}
+using test::expect_error;
+using test::read_file;
+using test::run;
 
 // ------------------------------------------------------------------ live server
 
-const std::vector<std::pair<std::string, shmserve::DType>> kDtypes = {
-    {"BOOL", shmserve::DType::BOOL},     {"INT8", shmserve::DType::INT8},
-    {"INT16", shmserve::DType::INT16},   {"INT32", shmserve::DType::INT32},
-    {"INT64", shmserve::DType::INT64},   {"UINT8", shmserve::DType::UINT8},
-    {"UINT16", shmserve::DType::UINT16}, {"UINT32", shmserve::DType::UINT32},
-    {"UINT64", shmserve::DType::UINT64}, {"FP16", shmserve::DType::FP16},
-    {"FP32", shmserve::DType::FP32},     {"FP64", shmserve::DType::FP64},
-    {"BF16", shmserve::DType::BF16}};
+/// Every fixed-size data type, with its name (from shmserve.h's list).
+std::vector<std::pair<std::string, shmserve::DType>> fixed_size_dtypes() {
+  std::vector<std::pair<std::string, shmserve::DType>> out;
+  for (uint32_t c = 0; c < SHMS_TYPE_COUNT; c++)
+    if (shms_dtype_size(c) > 0) out.emplace_back(shms_dtype_name(c), static_cast<shmserve::DType>(c));
+  return out;
+}
 
 std::vector<int32_t> iota32(int n, int start) {
   std::vector<int32_t> v(n);
@@ -203,6 +65,16 @@ void suite(const shmserve::Options &opts) {
                                                "nope", shmserve::Status::NOT_FOUND);
   });
 
+  run("stats", [&] {
+    auto a = iota32(16, 1);
+    client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}});
+    auto rows = client.stats("simple");
+    CHECK(rows.size() == 1 && rows[0].name == "simple" && rows[0].request_success >= 1 &&
+              rows[0].execution_count >= 1 && !rows[0].batch_requests.empty(),
+          "stats of simple");
+    CHECK(client.stats().size() == client.models().size(), "stats of every model");
+  });
+
   run("simple", [&] {
     for (int rows : {1, 3, 8}) {
       auto a = iota32(16 * rows, -20), b = iota32(16 * rows, 1000);
@@ -220,8 +92,11 @@ void suite(const shmserve::Options &opts) {
     for (size_t i = 0; i < x.size(); i++) x[i] = 0.5f * i - 3;
     auto r = client.infer("identity", {{"INPUT0", {1, 1024}, x}});
     CHECK(r["OUTPUT0"].nbytes == 4096 && std::memcmp(r["OUTPUT0"].data, x.data(), 4096) == 0, "identity bytes");
-    auto ts = r.timestamps_ns();
-    CHECK(ts[SHMS_T_CLIENT_WRITE] <= ts[SHMS_T_ENQUEUE] && ts[SHMS_T_ENQUEUE] <= ts[SHMS_T_CLIENT_WAKE],
+    using T = shmserve::Timestamp;
+    CHECK(r.timestamp_ns(T::CLIENT_WRITE) <= r.timestamp_ns(T::ENQUEUE) &&
+              r.timestamp_ns(T::ENQUEUE) <= r.timestamp_ns(T::COMPLETE) &&
+              r.timestamp_ns(T::COMPLETE) <= r.timestamp_ns(T::CLIENT_WAKE) &&
+              r.timestamps_ns()[SHMS_T_CLIENT_WAKE] == r.timestamp_ns(T::CLIENT_WAKE),
           "timestamps out of order");
   });
 
@@ -230,7 +105,7 @@ void suite(const shmserve::Options &opts) {
     std::vector<std::string> names;
     for (const auto &m : client.models()) names.push_back(m.name);
     int tested = 0;
-    for (const auto &[name, dt] : kDtypes) {
+    for (const auto &[name, dt] : fixed_size_dtypes()) {
       std::string model = "id_" + name;
       if (std::find(names.begin(), names.end(), model) == names.end()) {
         CHECK(name == "BF16", "server lacks model ", model);
@@ -367,7 +242,7 @@ void suite(const shmserve::Options &opts) {
   run("timeout, then the slot comes back", [&] {
     std::vector<float> x = {0.4f};
     expect_error<shmserve::TimeoutError>("timeout", [&] { client.infer("sleeper", {{"INPUT0", {1, 1}, x}}, {}, 0.05); },
-                                         "no answer within", shmserve::Status::UNAVAILABLE);
+                                         "no answer within", shmserve::Status::TIMEOUT);
     std::this_thread::sleep_for(std::chrono::milliseconds(600));
     auto a = iota32(16, 3);
     CHECK(check_simple(client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}}), a, a),
@@ -427,12 +302,12 @@ void shutdown(const shmserve::Options &opts) {
   std::fflush(stdout);
   auto t0 = std::chrono::steady_clock::now();
   expect_error<shmserve::ServerDeadError>("pending request at shutdown", [&] { f.get(60); }, "",
-                                          shmserve::Status::UNAVAILABLE);
+                                          shmserve::Status::SERVER_DEAD);
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(s < 4.5, "server death noticed after ", s, " s");
   std::vector<float> y = {1.0f};
   expect_error<shmserve::ServerDeadError>("request after shutdown", [&] { client.infer("identity", {{"INPUT0", {1, 1}, y}}); },
-                                          "", shmserve::Status::UNAVAILABLE);
+                                          "", shmserve::Status::SERVER_DEAD);
   std::printf("shutdown noticed after %.2f s\n", s);
 }
 
@@ -458,6 +333,6 @@ int main(int argc, char **argv) {
   if (mode == "suite") suite(opts);
   if (mode == "roundtrip") run("roundtrip", [&] { roundtrip(opts, dir); });
   if (mode == "shutdown") run("shutdown", [&] { shutdown(opts); });
-  std::printf("%s: %d failure%s\n", mode.c_str(), failures, failures == 1 ? "" : "s");
-  return failures ? 1 : 0;
+  std::printf("%s: %d failure%s\n", mode.c_str(), test::failures, test::failures == 1 ? "" : "s");
+  return test::failures ? 1 : 0;
 }

@@ -11,9 +11,13 @@
 // memory returns to the arena when the last copy is destroyed or release()d. A Tensor
 // from Client::alloc() lives in the arena too: pass it as an Input and no input byte is
 // copied. Client, Future, Result and Tensor are thread-safe to use from several threads
-// (a single Future or Result object is not meant to be shared without synchronisation).#pragma once
+// (a single Future or Result object is not meant to be shared without synchronisation).
+//
+// Client and Future are the facade; the lease itself (socket, segments, slots, arena,
+// the life of a request) is the engine, detail/engine.hpp.
+#pragma once
 
-#include "shmserve/detail/impl.hpp"
+#include "shmserve/detail/front.hpp"
 
 namespace shmserve {
 
@@ -22,18 +26,19 @@ class Future {
  public:
   Future() = default;
   bool valid() const { return static_cast<bool>(call_); }
-  bool ready() const { return call_ && impl_->poll(*call_); }
+  bool ready() const { return call_ && engine_->poll(*call_); }
   /// Waits for the answer (timeout_s < 0: no limit; TimeoutError after it).
   Result get(double timeout_s = -1) {
     if (!call_) throw InvalidArgumentError("Future::get() on an empty future");
     auto c = std::move(call_);
-    return impl_->wait(c, timeout_s);
+    engine_->wait(c, timeout_s);
+    return detail::Front::result(*engine_, *c);
   }
 
  private:
   friend class Client;
-  Future(std::shared_ptr<detail::Impl> i, std::shared_ptr<detail::Call> c) : impl_(std::move(i)), call_(std::move(c)) {}
-  std::shared_ptr<detail::Impl> impl_;
+  Future(std::shared_ptr<detail::Engine> e, std::shared_ptr<detail::Call> c) : engine_(std::move(e)), call_(std::move(c)) {}
+  std::shared_ptr<detail::Engine> engine_;
   std::shared_ptr<detail::Call> call_;
 };
 
@@ -41,7 +46,7 @@ class Future {
 class Client {
  public:
   explicit Client(const std::string &name = "default") : Client(options_for(name)) {}
-  explicit Client(const Options &o) : impl_(std::make_shared<detail::Impl>()) { impl_->connect(o); }
+  explicit Client(const Options &o) : engine_(std::make_shared<detail::Engine>()) { engine_->connect(o); }
   ~Client() { close(); }
   Client(Client &&) noexcept = default;
   Client &operator=(Client &&) noexcept = default;
@@ -52,14 +57,14 @@ class Client {
   /// wanted, empty = all. version 0 = the highest.
   Result infer(const std::string &model, const std::vector<Input> &inputs,
                const std::vector<std::string> &outputs = {}, double timeout_s = -1, int64_t version = 0) {
-    return impl_->wait(impl_->submit(model, inputs, outputs, version), timeout_s);
+    return submit(model, inputs, outputs, version).get(timeout_s);
   }
 
   /// Sends a request and returns at once. Inputs not in the arena are copied before
   /// it returns. Many may be in flight; past the lease's slots submit waits for one.
   Future submit(const std::string &model, const std::vector<Input> &inputs,
                 const std::vector<std::string> &outputs = {}, int64_t version = 0) {
-    return Future(impl_, impl_->submit(model, inputs, outputs, version));
+    return Future(engine_, detail::Front::submit(*engine_, model, inputs, outputs, version));
   }
 
   /// A zeroed tensor in this client's shared arena (zero-copy input).
@@ -67,7 +72,7 @@ class Client {
     if (dtype_size(dtype) == 0) throw InvalidArgumentError("alloc() holds fixed-size types only");
     Tensor t;
     t.nbytes_ = element_count(shape) * dtype_size(dtype);
-    t.block_ = impl_->allocate(t.nbytes_, "alloc()");
+    t.block_ = engine_->allocate(t.nbytes_, "alloc()");
     std::memset(t.data(), 0, t.nbytes_);
     t.dtype_ = dtype;
     t.shape_ = std::move(shape);
@@ -75,30 +80,34 @@ class Client {
   }
 
   std::vector<ModelInfo> models() {
-    Reply r = impl_->control(op_frame("models"));
-    auto list = parse_models(Reply::get(r.root(), "models"));
-    impl_->remember(list);
+    auto list = engine_->ask(control::ListModels{}).models;
+    engine_->remember(list);
     return list;
   }
   ModelInfo metadata(const std::string &model, int64_t version = 0) {
-    Reply r = impl_->control(op_frame("metadata", model, version));
-    return parse_model(r.root());
+    return engine_->ask(control::GetMetadata{model, control::version_or_latest(version)});
   }
   /// config.pbtxt as the server parsed it (protobuf text format).
   std::string config(const std::string &model, int64_t version = 0) {
-    return impl_->control(op_frame("config", model, version)).s("config");
+    return engine_->ask(control::GetConfig{model, control::version_or_latest(version)}).config;
+  }
+  /// Per-model counters (model empty: every model), batches by number of requests.
+  std::vector<ModelStats> stats(const std::string &model = {}) {
+    control::GetStats request;
+    if (!model.empty()) request.model = model;
+    return engine_->ask(request).models;
   }
 
-  uint32_t client_id() const { return impl_->client_id; }
-  uint32_t slots() const { return impl_->n_slots; }
-  uint64_t arena_capacity() const { return impl_->alloc.capacity(); }
-  uint64_t arena_used() const { return impl_->alloc.used(); }
+  uint32_t client_id() const { return engine_->client_id; }
+  uint32_t slots() const { return engine_->n_slots; }
+  uint64_t arena_capacity() const { return engine_->alloc.capacity(); }
+  uint64_t arena_used() const { return engine_->alloc.used(); }
   /// Throws ServerDeadError if the server is gone.
-  void check_server() { impl_->check_server(); }
+  void check_server() { engine_->check_server(); }
 
   /// Ends the lease. Results and Tensors still alive keep their mapping until freed.
   void close() {
-    if (impl_) impl_->close();
+    if (engine_) engine_->close();
   }
 
  private:
@@ -107,7 +116,7 @@ class Client {
     o.name = name;
     return o;
   }
-  std::shared_ptr<detail::Impl> impl_;
+  std::shared_ptr<detail::Engine> engine_;
 };
 
 }  // namespace shmserve

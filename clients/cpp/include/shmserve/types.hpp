@@ -1,21 +1,14 @@
-// shmserve C++ client: options, tensors in the arena, inputs, outputs, results.
+// shmserve C++ client: tensors in the arena, inputs, outputs, results (and Options,
+// with the engine).
 #pragma once
 
-#include "shmserve/detail/memory.hpp"
+#include "shmserve/detail/engine.hpp"
 
 namespace shmserve {
 
 namespace detail {
-class Impl;
+struct Front;
 }
-
-struct Options {
-  std::string name = "default";  // the server's --name
-  std::string socket_path;       // explicit control socket path (default: from name)
-  uint64_t arena_bytes = 0;      // tensor data region wanted; 0 = server default (32 MiB)
-  int64_t spin_us = 100;         // a waiter spins at least this long before it sleeps
-  int64_t max_spin_us = 1000;    // ... and up to this long when answers usually take that long
-};
 
 
 /// A buffer of the caller's shared arena: fill it, pass it as an Input (zero-copy).
@@ -25,7 +18,7 @@ class Tensor {
   DType dtype() const { return dtype_; }
   const std::vector<int64_t> &shape() const { return shape_; }
   uint64_t nbytes() const { return nbytes_; }
-  void *data() const;
+  void *data() const { return block_ ? block_->engine->arena_at(block_->offset) : nullptr; }
   template <class T> T *data() const { return static_cast<T *>(data()); }
   uint64_t arena_offset() const { return block_ ? block_->offset : 0; }
   explicit operator bool() const { return static_cast<bool>(block_); }
@@ -85,8 +78,9 @@ class Result {
   size_t size() const { return outputs_.size(); }
   const std::string &model_name() const { return model_; }
   int64_t model_version() const { return version_; }
-  /// CLOCK_MONOTONIC stamps of shms_timestamp (CLIENT_WAKE set by this client).
+  /// CLOCK_MONOTONIC stamps, indexed by Timestamp (CLIENT_WAKE set by this client).
   const std::array<uint64_t, SHMS_T_COUNT> &timestamps_ns() const { return t_ns_; }
+  uint64_t timestamp_ns(Timestamp t) const { return t_ns_.at(static_cast<size_t>(t)); }
   /// Returns the output memory to the arena now (if no copy of this Result holds it).
   void release() {
     outputs_.clear();
@@ -94,7 +88,7 @@ class Result {
   }
 
  private:
-  friend class detail::Impl;
+  friend struct detail::Front;
   std::vector<Output> outputs_;
   std::shared_ptr<detail::Block> block_;
   std::string model_;

@@ -1,5 +1,13 @@
-// shmserve C++ client: data types, the control socket (framing + msgpack), model
-// metadata and the descriptor encoders. Layouts come from shmserve.h only.
+// shmserve C++ client: the control-socket codec (docs/protocol.md section 2), protocol
+// version SHMS_PROTOCOL_VERSION (2).
+//
+// A frame is a big-endian u32 length, then one msgpack map. Requests carry "op";
+// replies carry "ok" and either the answer's fields or "code", "error" and "type".
+// Every message is a typed struct here, as in shmserve/protocol/control.py (same names,
+// same fields in the same order, so the bytes are Python's): each lists its fields once
+// in visit(), and encode()/decode() below work from that list. Decoding ignores keys it
+// does not know (a newer peer may add fields); a missing or mistyped field is a
+// ProtocolError naming it. tests/vectors/protocol_vectors.json pins the bytes.
 #pragma once
 
 #ifndef MSGPACK_NO_BOOST
@@ -7,255 +15,166 @@
 #endif
 
 #include <arpa/inet.h>
-#include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
+#include <limits>
+#include <map>
 #include <msgpack.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
-#include "shmserve.h"
 #include "shmserve/errors.hpp"
 
 namespace shmserve {
 
-// ------------------------------------------------------------------ data types
+// ------------------------------------------------------------------ the field codec
 
-/// Triton's DataType numbers (docs/protocol.md section 7).
-enum class DType : uint32_t {
-  INVALID = SHMS_TYPE_INVALID, BOOL = SHMS_TYPE_BOOL, UINT8 = SHMS_TYPE_UINT8,
-  UINT16 = SHMS_TYPE_UINT16, UINT32 = SHMS_TYPE_UINT32, UINT64 = SHMS_TYPE_UINT64,
-  INT8 = SHMS_TYPE_INT8, INT16 = SHMS_TYPE_INT16, INT32 = SHMS_TYPE_INT32,
-  INT64 = SHMS_TYPE_INT64, FP16 = SHMS_TYPE_FP16, FP32 = SHMS_TYPE_FP32,
-  FP64 = SHMS_TYPE_FP64, BYTES = SHMS_TYPE_BYTES, BF16 = SHMS_TYPE_BF16,
-};
+namespace wire {
 
-/// Element bytes; 0 for BYTES (variable) and INVALID.
-inline uint32_t dtype_size(DType t) { return shms_dtype_size(static_cast<uint32_t>(t)); }
-inline const char *dtype_name(DType t) { return shms_dtype_name(static_cast<uint32_t>(t)); }
-inline DType dtype_from_name(std::string_view name) {
-  for (uint32_t c = 1; c < SHMS_TYPE_COUNT; c++)
-    if (name == shms_dtype_name(c)) return static_cast<DType>(c);
-  return DType::INVALID;
+using Packer = msgpack::packer<msgpack::sbuffer>;
+enum Presence { kRequired, kOptional };  // kOptional: a missing key keeps the default
+
+[[noreturn]] inline void bad_field(std::string_view key, const char *want) {
+  throw ProtocolError("control message: field '" + std::string(key) + "' must be " + want);
 }
 
-/// The DType of a C++ element type (FP16/BF16 have none: pass DType explicitly).
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<bool>() { return DType::BOOL; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::UINT8; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::UINT16; }
-template <> constexpr DType dtype_of<uint32_t>() { return DType::UINT32; }
-template <> constexpr DType dtype_of<uint64_t>() { return DType::UINT64; }
-template <> constexpr DType dtype_of<int8_t>() { return DType::INT8; }
-template <> constexpr DType dtype_of<int16_t>() { return DType::INT16; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::INT32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::INT64; }
-template <> constexpr DType dtype_of<float>() { return DType::FP32; }
-template <> constexpr DType dtype_of<double>() { return DType::FP64; }
+/// One value: pack(), and unpack() with the field's key for errors; `strict` (tests)
+/// refuses keys no field names. The primary template is a struct with visit(): a map.
+template <class T, class = void> struct Codec;
 
-/// product(shape) (1 for a scalar); throws InvalidArgumentError on a negative dim or
-/// overflow.
-inline uint64_t element_count(const std::vector<int64_t> &shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) throw InvalidArgumentError("negative dimension " + std::to_string(d));
-    if (d != 0 && n > UINT64_MAX / 16 / static_cast<uint64_t>(d))
-      throw InvalidArgumentError("shape overflows");
-    n *= static_cast<uint64_t>(d);
-  }
-  return n;
-}
-
-/// BYTES tensors: each element is a u32 little-endian length, then its bytes.
-inline std::string encode_bytes(const std::vector<std::string> &items) {
-  std::string out;
-  for (const auto &s : items) {
-    uint32_t n = static_cast<uint32_t>(s.size());
-    char len[4] = {char(n & 0xff), char((n >> 8) & 0xff), char((n >> 16) & 0xff), char(n >> 24)};
-    out.append(len, 4);
-    out += s;
-  }
-  return out;
-}
-
-inline std::vector<std::string> decode_bytes(const void *data, uint64_t nbytes, uint64_t count) {
-  const auto *p = static_cast<const unsigned char *>(data);
-  std::vector<std::string> out;
-  uint64_t pos = 0;
-  for (uint64_t i = 0; i < count; i++) {
-    if (nbytes - pos < 4) throw ProtocolError("BYTES tensor truncated at element " + std::to_string(i));
-    uint32_t n = uint32_t(p[pos]) | uint32_t(p[pos + 1]) << 8 | uint32_t(p[pos + 2]) << 16 |
-                 uint32_t(p[pos + 3]) << 24;
-    pos += 4;
-    if (n > nbytes - pos) throw ProtocolError("BYTES element " + std::to_string(i) + " runs past the tensor");
-    out.emplace_back(reinterpret_cast<const char *>(p + pos), n);
-    pos += n;
-  }
-  if (pos != nbytes) throw ProtocolError("BYTES tensor has bytes after its last element");
-  return out;
-}
-
-// ------------------------------------------------------------------ descriptors
-
-/// A shms_tensor_ref, every byte defined (unused dims 0).
-inline shms_tensor_ref make_tensor_ref(uint32_t index, DType dtype, uint64_t offset, uint64_t nbytes,
-                                       const std::vector<int64_t> &shape) {
-  shms_tensor_ref t;
-  std::memset(&t, 0, sizeof t);
-  if (shape.size() > SHMS_MAX_DIMS)
-    throw InvalidArgumentError("tensor has " + std::to_string(shape.size()) + " dimensions (limit 8)");
-  t.index = index;
-  t.dtype = static_cast<uint32_t>(dtype);
-  t.ndim = static_cast<uint32_t>(shape.size());
-  t.offset = offset;
-  t.nbytes = nbytes;
-  for (size_t d = 0; d < shape.size(); d++) t.shape[d] = shape[d];
-  return t;
-}
-
-/// Fills the request part of a slot (the caller owns the slot: it is FREE). Entries
-/// past n_inputs / n_outputs are left as they are (the server never reads them).
-inline void encode_request(shms_request &r, uint32_t model_id, const std::vector<shms_tensor_ref> &inputs,
-                           const std::vector<shms_tensor_ref> &outputs, uint64_t client_tag = 0) {
-  if (inputs.size() > SHMS_MAX_TENSORS || outputs.size() > SHMS_MAX_TENSORS)
-    throw InvalidArgumentError("more than 16 inputs or outputs in one request");
-  r.model_id = model_id;
-  r.n_inputs = static_cast<uint32_t>(inputs.size());
-  r.n_outputs = static_cast<uint32_t>(outputs.size());
-  r.flags = 0;
-  r.client_tag = client_tag;
-  r.reserved = 0;
-  if (!inputs.empty()) std::memcpy(r.inputs, inputs.data(), inputs.size() * sizeof(shms_tensor_ref));
-  if (!outputs.empty()) std::memcpy(r.outputs, outputs.data(), outputs.size() * sizeof(shms_tensor_ref));
-}
-
-// ------------------------------------------------------------------ discovery
-
-/// <runtime dir>/<name>.sock: $SHMSERVE_RUNTIME_DIR, $XDG_RUNTIME_DIR/shmserve or
-/// /tmp/shmserve-<uid> (docs/protocol.md section 2).
-inline std::string socket_path(const std::string &name) {
-  const char *rt = std::getenv("SHMSERVE_RUNTIME_DIR");
-  const char *xdg = std::getenv("XDG_RUNTIME_DIR");
-  std::string dir;
-  if (rt && *rt) dir = rt;
-  else if (xdg && *xdg) dir = std::string(xdg) + "/shmserve";
-  else dir = "/tmp/shmserve-" + std::to_string(getuid());
-  return dir + "/" + name + ".sock";
-}
-
-// ------------------------------------------------------------------ msgpack frames
-
-constexpr uint32_t kMaxFrameBytes = 16u << 20;
-
-/// One frame: a big-endian u32 length, then the msgpack body.
-inline std::string frame(const msgpack::sbuffer &body) {
-  uint32_t n = htonl(static_cast<uint32_t>(body.size()));
-  std::string out(reinterpret_cast<const char *>(&n), 4);
-  out.append(body.data(), body.size());
-  return out;
-}
-
-/// The hello request frame: {"op": "hello", "version": 1, "pid": pid, "arena_bytes": n}.
-inline std::string hello_frame(int64_t pid, uint64_t arena_bytes) {
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(4);
-  pk.pack(std::string("op")); pk.pack(std::string("hello"));
-  pk.pack(std::string("version")); pk.pack(static_cast<uint32_t>(SHMS_PROTOCOL_VERSION));
-  pk.pack(std::string("pid")); pk.pack(pid);
-  pk.pack(std::string("arena_bytes")); pk.pack(arena_bytes);
-  return frame(buf);
-}
-
-/// {"op": op} plus "model" (and "version" as nil, or the number) when model is not empty.
-inline std::string op_frame(const std::string &op, const std::string &model = {}, int64_t version = 0) {
-  msgpack::sbuffer buf;
-  msgpack::packer<msgpack::sbuffer> pk(buf);
-  pk.pack_map(model.empty() ? 1 : 3);
-  pk.pack(std::string("op")); pk.pack(op);
-  if (!model.empty()) {
-    pk.pack(std::string("model")); pk.pack(model);
-    pk.pack(std::string("version"));
-    if (version > 0) pk.pack(version); else pk.pack_nil();
-  }
-  return frame(buf);
-}
-
-/// A decoded reply body (a msgpack map) with checked accessors.
-class Reply {
- public:
-  explicit Reply(const char *body, size_t n) {
-    try {
-      oh_ = msgpack::unpack(body, n);
-    } catch (const std::exception &e) {
-      throw ProtocolError(std::string("malformed control reply: ") + e.what());
-    }
-    if (oh_.get().type != msgpack::type::MAP) throw ProtocolError("control reply is not a map");
-  }
-  const msgpack::object &root() const { return oh_.get(); }
-
-  static const msgpack::object *find(const msgpack::object &map, std::string_view key) {
-    if (map.type != msgpack::type::MAP) return nullptr;
-    for (uint32_t i = 0; i < map.via.map.size; i++) {
-      const auto &kv = map.via.map.ptr[i];
-      if (kv.key.type == msgpack::type::STR &&
-          std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
+/// Decodes the fields of `o` (a map) into m.
+template <class M> void unpack_fields(const msgpack::object &o, M &m, bool strict, std::string_view envelope = {}) {
+  if (o.type != msgpack::type::MAP) throw ProtocolError("control message is not a map");
+  auto find = [&](std::string_view key) -> const msgpack::object * {
+    for (uint32_t i = 0; i < o.via.map.size; i++) {
+      const auto &kv = o.via.map.ptr[i];
+      if (kv.key.type == msgpack::type::STR && std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
         return &kv.val;
     }
     return nullptr;
-  }
-  static const msgpack::object &get(const msgpack::object &map, std::string_view key) {
-    const msgpack::object *o = find(map, key);
-    if (!o) throw ProtocolError("control reply lacks '" + std::string(key) + "'");
-    return *o;
-  }
-  static int64_t as_int(const msgpack::object &o) {
-    if (o.type == msgpack::type::POSITIVE_INTEGER) {
-      if (o.via.u64 > static_cast<uint64_t>(INT64_MAX)) throw ProtocolError("integer out of range");
-      return static_cast<int64_t>(o.via.u64);
+  };
+  uint32_t known = 0;
+  M::visit(m, [&](std::string_view key, auto &value, Presence p = kRequired) {
+    const msgpack::object *v = find(key);
+    if (!v) {
+      if (p == kRequired) throw ProtocolError("control message: field '" + std::string(key) + "' is missing");
+      return;
     }
-    if (o.type == msgpack::type::NEGATIVE_INTEGER) return o.via.i64;
-    throw ProtocolError("control reply: expected an integer");
-  }
-  static std::string as_str(const msgpack::object &o) {
-    if (o.type != msgpack::type::STR) throw ProtocolError("control reply: expected a string");
-    return std::string(o.via.str.ptr, o.via.str.size);
-  }
-  int64_t i(std::string_view key) const { return as_int(get(root(), key)); }
-  std::string s(std::string_view key) const { return as_str(get(root(), key)); }
-  bool ok() const {
-    const msgpack::object &o = get(root(), "ok");
-    if (o.type != msgpack::type::BOOLEAN) throw ProtocolError("control reply: 'ok' is not a bool");
-    return o.via.boolean;
-  }
-  /// Throws the typed error of a failed reply ({"ok": false, "code", "error"}).
-  void raise_if_failed() const {
-    if (ok()) return;
-    const msgpack::object *code = find(root(), "code");
-    const msgpack::object *err = find(root(), "error");
-    throw_status(code ? static_cast<int32_t>(as_int(*code)) : SHMS_ERR_INTERNAL,
-                 err ? as_str(*err) : std::string("server refused the request"));
-  }
+    known++;
+    Codec<std::decay_t<decltype(value)>>::unpack(*v, value, key, strict);
+  });
+  if (!envelope.empty() && find(envelope)) known++;
+  if (strict && known != o.via.map.size) throw ProtocolError("control message has a key no field names");
+}
 
- private:
-  msgpack::object_handle oh_;
+template <class M> void pack_fields(Packer &pk, const M &m) {
+  M::visit(m, [&](std::string_view key, const auto &value, Presence = kRequired) {
+    pk.pack_str(static_cast<uint32_t>(key.size()));
+    pk.pack_str_body(key.data(), static_cast<uint32_t>(key.size()));
+    Codec<std::decay_t<decltype(value)>>::pack(pk, value);
+  });
+}
+
+template <class M> uint32_t field_count(const M &m) {
+  uint32_t n = 0;
+  M::visit(m, [&](std::string_view, const auto &, Presence = kRequired) { n++; });
+  return n;
+}
+
+template <class T, class> struct Codec {  // a struct with visit(): a map of its fields
+  static void pack(Packer &pk, const T &v) {
+    pk.pack_map(field_count(v));
+    pack_fields(pk, v);
+  }
+  static void unpack(const msgpack::object &o, T &v, std::string_view key, bool strict) {
+    if (o.type != msgpack::type::MAP) bad_field(key, "a map");
+    unpack_fields(o, v, strict);
+  }
 };
 
-/// Splits one frame (length + body) and decodes it; for tests and vectors.
-inline Reply decode_frame(const std::string &bytes) {
-  if (bytes.size() < 4) throw ProtocolError("frame shorter than its header");
-  uint32_t n;
-  std::memcpy(&n, bytes.data(), 4);
-  n = ntohl(n);
-  if (n != bytes.size() - 4) throw ProtocolError("frame length does not match");
-  return Reply(bytes.data() + 4, n);
-}
+template <class T> struct Codec<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  static void pack(Packer &pk, T v) { pk.pack(v); }  // msgpack's smallest form, as Python's
+  static void unpack(const msgpack::object &o, T &v, std::string_view key, bool) {
+    if (o.type == msgpack::type::POSITIVE_INTEGER && o.via.u64 <= std::numeric_limits<T>::max())
+      v = static_cast<T>(o.via.u64);
+    else if (o.type == msgpack::type::NEGATIVE_INTEGER && std::is_signed_v<T> &&
+             o.via.i64 >= static_cast<int64_t>(std::numeric_limits<T>::min()))
+      v = static_cast<T>(o.via.i64);
+    else
+      bad_field(key, "an integer in range");
+  }
+};
+
+template <> struct Codec<bool> {
+  static void pack(Packer &pk, bool v) { pk.pack(v); }
+  static void unpack(const msgpack::object &o, bool &v, std::string_view key, bool) {
+    if (o.type != msgpack::type::BOOLEAN) bad_field(key, "a boolean");
+    v = o.via.boolean;
+  }
+};
+
+template <> struct Codec<std::string> {
+  static void pack(Packer &pk, const std::string &v) { pk.pack(v); }
+  static void unpack(const msgpack::object &o, std::string &v, std::string_view key, bool) {
+    if (o.type != msgpack::type::STR) bad_field(key, "a string");
+    v.assign(o.via.str.ptr, o.via.str.size);
+  }
+};
+
+template <> struct Codec<DType> {  // by name: "FP32"
+  static void pack(Packer &pk, DType v) { Codec<std::string>::pack(pk, dtype_name(v)); }
+  static void unpack(const msgpack::object &o, DType &v, std::string_view key, bool strict) {
+    std::string name;
+    Codec<std::string>::unpack(o, name, key, strict);
+    v = dtype_from_name(name);
+  }
+};
+
+template <class T> struct Codec<std::optional<T>> {  // nil when absent
+  static void pack(Packer &pk, const std::optional<T> &v) {
+    if (v) Codec<T>::pack(pk, *v);
+    else pk.pack_nil();
+  }
+  static void unpack(const msgpack::object &o, std::optional<T> &v, std::string_view key, bool strict) {
+    if (o.type == msgpack::type::NIL) return v.reset();
+    Codec<T>::unpack(o, v.emplace(), key, strict);
+  }
+};
+
+template <class T> struct Codec<std::vector<T>> {
+  static void pack(Packer &pk, const std::vector<T> &v) {
+    pk.pack_array(static_cast<uint32_t>(v.size()));
+    for (const auto &e : v) Codec<T>::pack(pk, e);
+  }
+  static void unpack(const msgpack::object &o, std::vector<T> &v, std::string_view key, bool strict) {
+    if (o.type != msgpack::type::ARRAY) bad_field(key, "an array");
+    v.assign(o.via.array.size, T{});
+    for (uint32_t i = 0; i < o.via.array.size; i++) Codec<T>::unpack(o.via.array.ptr[i], v[i], key, strict);
+  }
+};
+
+template <> struct Codec<std::map<uint32_t, uint64_t>> {  // a histogram: {"n": count}, n ascending
+  static void pack(Packer &pk, const std::map<uint32_t, uint64_t> &v) {
+    pk.pack_map(static_cast<uint32_t>(v.size()));
+    for (const auto &[n, count] : v) pk.pack(std::to_string(n)), pk.pack(count);
+  }
+  static void unpack(const msgpack::object &o, std::map<uint32_t, uint64_t> &v, std::string_view key, bool strict) {
+    if (o.type != msgpack::type::MAP) bad_field(key, "a map");
+    v.clear();
+    for (uint32_t i = 0; i < o.via.map.size; i++) {
+      std::string n;
+      Codec<std::string>::unpack(o.via.map.ptr[i].key, n, key, strict);
+      if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
+        bad_field(key, "a map with decimal keys");
+      Codec<uint64_t>::unpack(o.via.map.ptr[i].val, v[static_cast<uint32_t>(std::stoul(n))], key, strict);
+    }
+  }
+};
+
+}  // namespace wire
 
 // ------------------------------------------------------------------ model metadata
 
@@ -263,8 +182,12 @@ struct TensorSpec {
   std::string name;
   DType dtype = DType::INVALID;
   std::vector<int64_t> shape;  // -1: any size; batch dimension first when batched
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("name", s.name), v("datatype", s.dtype), v("shape", s.shape);
+  }
 };
 
+/// A model's metadata (KServe-v2 style, plus its id); the reply to GetMetadata.
 struct ModelInfo {
   uint32_t id = 0;  // goes into shms_request.model_id
   std::string name;
@@ -272,170 +195,208 @@ struct ModelInfo {
   std::string platform;
   uint32_t max_batch_size = 0;
   std::vector<TensorSpec> inputs, outputs;  // position = tensor index
-  std::string state;                        // READY, UNAVAILABLE: ..., LOADING
+  std::string state = "LOADING";            // READY, UNAVAILABLE: ..., LOADING
   bool batched() const { return max_batch_size > 0; }
   bool ready() const { return state == "READY"; }
-  int input_index(std::string_view n) const {
-    for (size_t i = 0; i < inputs.size(); i++) if (inputs[i].name == n) return static_cast<int>(i);
-    return -1;
-  }
-  int output_index(std::string_view n) const {
-    for (size_t i = 0; i < outputs.size(); i++) if (outputs[i].name == n) return static_cast<int>(i);
-    return -1;
-  }
-};
-
-inline std::vector<TensorSpec> parse_specs(const msgpack::object &arr) {
-  if (arr.type != msgpack::type::ARRAY) throw ProtocolError("metadata: tensors are not an array");
-  std::vector<TensorSpec> out;
-  for (uint32_t i = 0; i < arr.via.array.size; i++) {
-    const auto &t = arr.via.array.ptr[i];
-    TensorSpec s;
-    s.name = Reply::as_str(Reply::get(t, "name"));
-    s.dtype = dtype_from_name(Reply::as_str(Reply::get(t, "datatype")));
-    const auto &shape = Reply::get(t, "shape");
-    if (shape.type != msgpack::type::ARRAY) throw ProtocolError("metadata: shape is not an array");
-    for (uint32_t d = 0; d < shape.via.array.size; d++) s.shape.push_back(Reply::as_int(shape.via.array.ptr[d]));
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
-inline ModelInfo parse_model(const msgpack::object &m) {
-  ModelInfo info;
-  info.id = static_cast<uint32_t>(Reply::as_int(Reply::get(m, "id")));
-  info.name = Reply::as_str(Reply::get(m, "name"));
-  info.version = Reply::as_int(Reply::get(m, "version"));
-  info.platform = Reply::as_str(Reply::get(m, "platform"));
-  info.max_batch_size = static_cast<uint32_t>(Reply::as_int(Reply::get(m, "max_batch_size")));
-  info.inputs = parse_specs(Reply::get(m, "inputs"));
-  info.outputs = parse_specs(Reply::get(m, "outputs"));
-  if (const auto *st = Reply::find(m, "state")) info.state = Reply::as_str(*st);
-  if (info.inputs.size() > SHMS_MAX_TENSORS || info.outputs.size() > SHMS_MAX_TENSORS)
-    throw ProtocolError("model '" + info.name + "' has more than 16 inputs or outputs");
-  return info;
-}
-
-inline std::vector<ModelInfo> parse_models(const msgpack::object &arr) {
-  if (arr.type != msgpack::type::ARRAY) throw ProtocolError("'models' is not an array");
-  std::vector<ModelInfo> out;
-  for (uint32_t i = 0; i < arr.via.array.size; i++) out.push_back(parse_model(arr.via.array.ptr[i]));
-  return out;
-}
-
-// ------------------------------------------------------------------ the socket
-
-/// The control connection; its lifetime is the lease. Not thread-safe (the client
-/// serialises calls).
-class ControlSocket {
- public:
-  explicit ControlSocket(const std::string &path) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd_ < 0) throw ServerDeadError(std::string("socket(): ") + std::strerror(errno));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof addr.sun_path) {
-      ::close(fd_);
-      throw InvalidArgumentError("control socket path too long: " + path);
-    }
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    if (::connect(fd_, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
-      int e = errno;
-      ::close(fd_);
-      throw ServerDeadError("no shmserve server is running at " + path + " (" + std::strerror(e) +
-                            "); start one with `shmserve serve`");
-    }
-  }
-  ~ControlSocket() { close(); }
-  ControlSocket(const ControlSocket &) = delete;
-  ControlSocket &operator=(const ControlSocket &) = delete;
-
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  bool is_open() const { return fd_ >= 0; }
-
-  /// Sends one request frame and returns the reply (typed error on `ok: false`).
-  /// With received_fds, descriptors sent along with the reply (SCM_RIGHTS: the hello
-  /// reply carries the arena's and the control segment's memfds) are appended there;
-  /// the caller owns them, also when this throws.
-  Reply call(const std::string &request, std::vector<int> *received_fds = nullptr) {
-    if (fd_ < 0) throw ServerDeadError("the client is closed");
-    const char *p = request.data();
-    size_t left = request.size();
-    while (left) {
-      ssize_t n = ::send(fd_, p, left, MSG_NOSIGNAL);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw ServerDeadError(std::string("control socket: ") + std::strerror(errno));
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    char header[4];
-    if (received_fds) {
-      size_t got = 0;
-      while (got < 4) got += recv_with_fds(header + got, 4 - got, received_fds);
-    } else {
-      read_exact(header, 4);
-    }
-    uint32_t len;
-    std::memcpy(&len, header, 4);
-    len = ntohl(len);
-    if (len > kMaxFrameBytes) throw ProtocolError("control reply of " + std::to_string(len) + " bytes");
-    std::string body(len, '\0');
-    read_exact(body.data(), len);
-    Reply r(body.data(), body.size());
-    r.raise_if_failed();
-    return r;
-  }
-
-  /// Non-blocking: true when the server closed the connection (the lease is over).
-  bool at_eof() const {
-    if (fd_ < 0) return true;
-    char c;
-    ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0) return true;
-    if (n < 0) return !(errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
-    return false;
+  int input_index(std::string_view n) const { return find(inputs, n); }
+  int output_index(std::string_view n) const { return find(outputs, n); }
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("id", s.id), v("name", s.name), v("version", s.version), v("platform", s.platform);
+    v("max_batch_size", s.max_batch_size), v("inputs", s.inputs), v("outputs", s.outputs);
+    v("state", s.state, wire::kOptional);
   }
 
  private:
-  /// One recvmsg of up to n bytes; the descriptors that come with it go to fds.
-  size_t recv_with_fds(char *p, size_t n, std::vector<int> *fds) {
-    for (;;) {
-      iovec iov{p, n};
-      alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
-      msghdr msg{};
-      msg.msg_iov = &iov;
-      msg.msg_iovlen = 1;
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      ssize_t r = ::recvmsg(fd_, &msg, MSG_CMSG_CLOEXEC);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw ServerDeadError("control socket closed by the server");
-      for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t k = 0; k < count; k++) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-          fds->push_back(fd);
-        }
-      }
-      return static_cast<size_t>(r);
-    }
+  static int find(const std::vector<TensorSpec> &list, std::string_view n) {
+    for (size_t i = 0; i < list.size(); i++) if (list[i].name == n) return static_cast<int>(i);
+    return -1;
   }
-
-  void read_exact(char *p, size_t n) {
-    while (n) {
-      ssize_t r = ::recv(fd_, p, n, 0);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) throw ServerDeadError("control socket closed by the server");
-      p += r;
-      n -= static_cast<size_t>(r);
-    }
-  }
-  int fd_ = -1;
 };
+
+/// A model's counters (one row of the stats reply).
+struct ModelStats {
+  std::string name;
+  int64_t version = 0;
+  std::string state;
+  uint64_t request_success = 0, request_failure = 0, inference_count = 0, execution_count = 0;
+  uint64_t compute_ns = 0, queue_ns = 0;
+  std::map<uint32_t, uint64_t> batch_requests;  // requests per execution -> executions
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("name", s.name), v("version", s.version), v("state", s.state);
+    v("request_success", s.request_success), v("request_failure", s.request_failure);
+    v("inference_count", s.inference_count), v("execution_count", s.execution_count);
+    v("compute_ns", s.compute_ns), v("queue_ns", s.queue_ns), v("batch_requests", s.batch_requests);
+  }
+};
+
+// ------------------------------------------------------------------ the messages
+
+namespace control {
+
+using ModelMetadata = ModelInfo;
+
+// -- replies (coordinator -> client)
+
+struct HelloReply {
+  uint32_t client_id = 0, generation = 0;
+  uint64_t control_bytes = 0, arena_bytes = 0, slots_offset = 0;
+  uint32_t n_slots = 0;
+  uint64_t data_offset = 0;
+  int64_t server_pid = 0, spin_us = 0;
+  std::vector<ModelInfo> models;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("client_id", s.client_id), v("generation", s.generation), v("control_bytes", s.control_bytes);
+    v("arena_bytes", s.arena_bytes), v("slots_offset", s.slots_offset), v("n_slots", s.n_slots);
+    v("data_offset", s.data_offset), v("server_pid", s.server_pid), v("spin_us", s.spin_us);
+    v("models", s.models);
+  }
+};
+
+struct ModelList {
+  std::vector<ModelInfo> models;
+  template <class S, class V> static void visit(S &s, V &&v) { v("models", s.models); }
+};
+
+struct ModelConfig {
+  std::string config;  // config.pbtxt as parsed (protobuf text format)
+  template <class S, class V> static void visit(S &s, V &&v) { v("config", s.config); }
+};
+
+struct StatsReply {
+  std::vector<ModelStats> models;
+  template <class S, class V> static void visit(S &s, V &&v) { v("models", s.models); }
+};
+
+/// A failed request ("ok": false): a status, the message, and the server's exception
+/// class where it is finer than the status (ConfigError, ShmSpaceError...).
+struct ErrorReply {
+  int32_t code = SHMS_ERR_INTERNAL;
+  std::string error = "the server refused the request";
+  std::optional<std::string> type;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("code", s.code, wire::kOptional), v("error", s.error, wire::kOptional);
+    v("type", s.type, wire::kOptional);
+  }
+  [[noreturn]] void raise() const { throw_status(code, error, type ? std::string_view(*type) : std::string_view()); }
+};
+
+// -- requests (client -> coordinator); Reply is the answer's type
+
+/// Opens the lease; the reply carries the arena's and control segment's memfds.
+struct Hello {
+  static constexpr const char *op = "hello";
+  using Reply = HelloReply;
+  int64_t version = SHMS_PROTOCOL_VERSION;
+  int64_t pid = 0;
+  uint64_t arena_bytes = 0;  // 0: the server's default
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("version", s.version), v("pid", s.pid), v("arena_bytes", s.arena_bytes, wire::kOptional);
+  }
+};
+
+struct ListModels {
+  static constexpr const char *op = "models";
+  using Reply = ModelList;
+  template <class S, class V> static void visit(S &, V &&) {}
+};
+
+struct GetMetadata {
+  static constexpr const char *op = "metadata";
+  using Reply = ModelMetadata;
+  std::string model;
+  std::optional<int64_t> version;  // none: the highest
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("model", s.model), v("version", s.version, wire::kOptional);
+  }
+};
+
+struct GetConfig {
+  static constexpr const char *op = "config";
+  using Reply = ModelConfig;
+  std::string model;
+  std::optional<int64_t> version;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("model", s.model), v("version", s.version, wire::kOptional);
+  }
+};
+
+struct GetStats {
+  static constexpr const char *op = "stats";
+  using Reply = StatsReply;
+  std::optional<std::string> model;  // none: every model
+  template <class S, class V> static void visit(S &s, V &&v) { v("model", s.model, wire::kOptional); }
+};
+
+/// A model version as the messages carry it: none for the highest (0 or less).
+inline std::optional<int64_t> version_or_latest(int64_t version) {
+  return version > 0 ? std::optional<int64_t>(version) : std::nullopt;
+}
+
+// ------------------------------------------------------------------ frames
+
+constexpr uint32_t kMaxFrameBytes = 16u << 20;
+
+template <class M, class = void> struct is_request : std::false_type {};
+template <class M> struct is_request<M, std::void_t<decltype(M::op)>> : std::true_type {};
+
+/// The frame of a message: {"op": op, fields...} for a request, {"ok": ..., fields...}
+/// for a reply.
+template <class M> std::string encode(const M &m) {
+  msgpack::sbuffer buf;
+  wire::Packer pk(buf);
+  pk.pack_map(wire::field_count(m) + 1);
+  if constexpr (is_request<M>::value) pk.pack(std::string("op")), pk.pack(std::string(M::op));
+  else pk.pack(std::string("ok")), pk.pack(!std::is_same_v<M, ErrorReply>);
+  wire::pack_fields(pk, m);
+  uint32_t n = htonl(static_cast<uint32_t>(buf.size()));
+  std::string out(reinterpret_cast<const char *>(&n), 4);
+  out.append(buf.data(), buf.size());
+  return out;
+}
+
+/// A message from a decoded body (a map). strict (tests): no key beyond the fields
+/// and the envelope ("op" of a request, "ok" of a reply).
+template <class M> M decode(const msgpack::object &body, bool strict = false) {
+  M m;
+  wire::unpack_fields(body, m, strict, is_request<M>::value ? "op" : "ok");
+  return m;
+}
+
+/// A frame's body, parsed.
+inline msgpack::object_handle parse_body(const char *body, size_t n) {
+  msgpack::object_handle oh;
+  try {
+    oh = msgpack::unpack(body, n);
+  } catch (const std::exception &e) {
+    throw ProtocolError(std::string("malformed control message: ") + e.what());
+  }
+  if (oh.get().type != msgpack::type::MAP) throw ProtocolError("control message is not a map");
+  return oh;
+}
+
+/// Splits one whole frame (length + body) and parses the body.
+inline msgpack::object_handle parse_frame(std::string_view bytes) {
+  if (bytes.size() < 4) throw ProtocolError("frame shorter than its header");
+  uint32_t n;
+  std::memcpy(&n, bytes.data(), 4);
+  if (ntohl(n) != bytes.size() - 4) throw ProtocolError("frame length does not match");
+  return parse_body(bytes.data() + 4, bytes.size() - 4);
+}
+
+/// What every reply carries: "ok".
+struct ReplyEnvelope {
+  bool ok = false;
+  template <class S, class V> static void visit(S &s, V &&v) { v("ok", s.ok); }
+};
+
+/// The reply to a request of type Req: its answer, or the typed error of an ErrorReply.
+template <class Req> typename Req::Reply decode_reply(const msgpack::object &body, bool strict = false) {
+  ReplyEnvelope envelope;
+  wire::unpack_fields(body, envelope, false);
+  if (!envelope.ok) decode<ErrorReply>(body, strict).raise();
+  return decode<typename Req::Reply>(body, strict);
+}
+
+}  // namespace control
 
 }  // namespace shmserve

@@ -1,4 +1,5 @@
-// shmserve C++ client, internal: arena allocator, blocks, calls, mappings.
+// shmserve C++ client, internal: the arena allocator, blocks of the arena, mappings
+// of received segments.
 #pragma once
 
 #include <fcntl.h>
@@ -10,15 +11,17 @@
 #include <map>
 #include <mutex>
 
-#include "shmserve/wire.hpp"
+#include "shmserve/detail/socket.hpp"
+#include "shmserve/tensors.hpp"
 
 namespace shmserve {
 namespace detail {
 
-constexpr int64_t kWaitSliceNs = 50'000'000;  // between liveness checks of the server
-inline uint64_t align64(uint64_t n) { return (std::max<uint64_t>(n, 1) + 63) / 64 * 64; }
+/// Bytes a block of n bytes takes in the arena: tensor data offsets are multiples of
+/// SHMS_DATA_ALIGN (shms_align), and an empty block still takes one unit.
+inline uint64_t align64(uint64_t n) { return shms_align(std::max<uint64_t>(n, 1), SHMS_DATA_ALIGN); }
 
-/// First-fit allocator over the arena's data region (offsets multiple of 64).
+/// First-fit allocator over the arena's data region (offsets multiple of SHMS_DATA_ALIGN).
 class Allocator {
  public:
   void reset(uint64_t begin, uint64_t end) {
@@ -71,30 +74,15 @@ class Allocator {
   uint64_t used_ = 0, capacity_ = 0;
 };
 
-class Impl;
+class Engine;
 
 /// One allocation in the arena; freed when the last owner drops it. Keeps the
-/// mapping (Impl) alive.
+/// mapping (the Engine) alive.
 struct Block {
-  std::shared_ptr<Impl> impl;
+  std::shared_ptr<Engine> engine;
   uint64_t offset = 0, nbytes = 0;
-  Block(std::shared_ptr<Impl> i, uint64_t o, uint64_t n) : impl(std::move(i)), offset(o), nbytes(n) {}
+  Block(std::shared_ptr<Engine> e, uint64_t o, uint64_t n) : engine(std::move(e)), offset(o), nbytes(n) {}
   ~Block();
-};
-
-/// One request from submit to answer. Fields after `slot` are guarded by Impl::mu.
-struct Call {
-  std::shared_ptr<const ModelInfo> model;
-  std::vector<shms_tensor_ref> in_refs, out_refs;
-  std::vector<std::shared_ptr<Block>> keep;  // input memory (copies, zero-copy tensors)
-  std::shared_ptr<Block> out_block;          // output buffers
-  uint64_t in_bytes = 0, rows = 1;
-  uint32_t slot = 0, generation = 0;
-  bool retried = false, done = false, orphaned = false;
-  int32_t status = -1;
-  std::string error;
-  std::vector<shms_tensor_ref> results;
-  std::array<uint64_t, SHMS_T_COUNT> t_ns{};
 };
 
 struct Mapping {

@@ -1,0 +1,97 @@
+// shmserve C++ client, internal: the facade's side of a request. A caller's Inputs
+// (names, caller memory or arena Tensors) become an engine Call; a finished Call
+// becomes a Result of named Outputs. The engine (engine.hpp) does the rest.
+#pragma once
+
+#include "shmserve/types.hpp"
+
+namespace shmserve {
+namespace detail {
+
+struct Front {
+  /// Resolves names against the model, copies the inputs that are not in this lease's
+  /// arena into it (one block with the output buffers), and sends the request.
+  static std::shared_ptr<Call> submit(Engine &e, const std::string &model_name, const std::vector<Input> &inputs,
+                                      const std::vector<std::string> &outputs, int64_t version) {
+    auto call = std::make_shared<Call>();
+    call->model = e.model(model_name, version);
+    const ModelInfo &m = *call->model;
+    if (inputs.size() > SHMS_MAX_TENSORS)
+      throw InvalidArgumentError("more than " + std::to_string(SHMS_MAX_TENSORS) + " inputs");
+    uint64_t copy_bytes = 0;
+    std::vector<uint32_t> index(inputs.size());
+    for (size_t i = 0; i < inputs.size(); i++) {
+      const Input &in = inputs[i];
+      int k = m.input_index(in.name);
+      if (k < 0) {
+        std::string names;
+        for (const auto &t : m.inputs) names += (names.empty() ? "" : ", ") + t.name;
+        throw InvalidArgumentError("model '" + m.name + "' has no input '" + in.name + "' (inputs: " + names + ")");
+      }
+      index[i] = static_cast<uint32_t>(k);
+      if (in.shape.size() > SHMS_MAX_DIMS)
+        throw InvalidArgumentError("model '" + m.name + "' input '" + in.name + "' has more than " +
+                                   std::to_string(SHMS_MAX_DIMS) + " dimensions");
+      if (!in_arena(e, in)) {
+        if (!in.data && in.nbytes) throw InvalidArgumentError("input '" + in.name + "' has no data");
+        copy_bytes += align64(in.nbytes);
+      }
+      call->in_bytes += in.nbytes;
+    }
+    if (m.batched() && !inputs.empty() && !inputs[0].shape.empty() && inputs[0].shape[0] > 0)
+      call->rows = static_cast<uint64_t>(inputs[0].shape[0]);
+    std::vector<uint32_t> want;
+    if (outputs.empty()) {
+      for (uint32_t k = 0; k < m.outputs.size(); k++) want.push_back(k);
+    } else {
+      for (const auto &name : outputs) {
+        int k = m.output_index(name);
+        if (k < 0) throw InvalidArgumentError("model '" + m.name + "' has no output '" + name + "'");
+        want.push_back(static_cast<uint32_t>(k));
+      }
+    }
+    e.reserve(*call, want, copy_bytes);
+    uint64_t at = call->staging;
+    for (size_t i = 0; i < inputs.size(); i++) {
+      const Input &in = inputs[i];
+      uint64_t off = at;
+      if (in_arena(e, in)) {
+        off = in.block->offset;
+        call->keep.push_back(in.block);
+      } else {
+        if (in.nbytes) std::memcpy(e.arena_at(off), in.data, in.nbytes);  // the one copy in
+        at += align64(in.nbytes);
+      }
+      call->in_refs.push_back(make_tensor_ref(index[i], in.dtype, off, in.nbytes, in.shape));
+    }
+    e.send(call);
+    return call;
+  }
+
+  /// The outputs of a finished call: views of its output block, which they keep.
+  static Result result(Engine &e, const Call &c) {
+    Result r;
+    r.model_ = c.model->name;
+    r.version_ = c.model->version;
+    r.t_ns_ = c.t_ns;
+    for (const shms_tensor_ref &t : c.results) {
+      Output o;
+      o.index = t.index;
+      o.name = c.model->outputs.at(t.index).name;
+      o.dtype = static_cast<DType>(t.dtype);
+      o.shape.assign(t.shape, t.shape + t.ndim);
+      o.data = e.arena_at(t.offset);
+      o.nbytes = t.nbytes;
+      r.outputs_.push_back(std::move(o));
+    }
+    r.block_ = c.out_block;
+    return r;
+  }
+
+ private:
+  /// A Tensor of this lease's arena (zero-copy).
+  static bool in_arena(const Engine &e, const Input &in) { return in.block && in.block->engine.get() == &e; }
+};
+
+}  // namespace detail
+}  // namespace shmserve

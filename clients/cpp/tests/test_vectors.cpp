@@ -1,0 +1,150 @@
+// The C++ client against tests/vectors/protocol_vectors.json (scripts/make_vectors.py
+// writes it from the Python side's code): descriptors, ring cells, BYTES tensors, and
+// every control frame in the file, whatever its name: each must decode (strictly: no
+// key left over) into one of the C++ typed messages and encode back to the same bytes.
+#include <memory>
+
+#include "check.hpp"
+
+namespace {
+
+using namespace shmserve;
+using test::hex;
+
+/// The message type M decodes the frame strictly and encodes it back byte for byte.
+template <class M> bool round_trips(const msgpack::object &body, const std::string &bytes) {
+  try {
+    return control::encode(control::decode<M>(body, true)) == bytes;
+  } catch (const Error &) {
+    return false;
+  }
+}
+
+/// The typed message that a frame vector is, or "" if none.
+std::string typed_message_of(const std::string &bytes) {
+  auto oh = control::parse_frame(bytes);
+  const msgpack::object &body = oh.get();
+#define SHMSERVE_TRY_(M) if (round_trips<control::M>(body, bytes)) return #M;
+  // requests
+  SHMSERVE_TRY_(Hello) SHMSERVE_TRY_(ListModels) SHMSERVE_TRY_(GetMetadata) SHMSERVE_TRY_(GetConfig)
+  SHMSERVE_TRY_(GetStats)
+  // replies
+  SHMSERVE_TRY_(HelloReply) SHMSERVE_TRY_(ModelList) SHMSERVE_TRY_(ModelMetadata) SHMSERVE_TRY_(ModelConfig)
+  SHMSERVE_TRY_(StatsReply) SHMSERVE_TRY_(ErrorReply)
+#undef SHMSERVE_TRY_
+  return "";
+}
+
+void check_frames(const test::Json &vectors) {
+  int frames = 0;
+  for (const auto &[name, v] : vectors.members) {
+    const test::Json *params = v.get("params");
+    if (!params || !params->get("message")) continue;  // not a control frame
+    frames++;
+    std::string type;
+    try {
+      type = typed_message_of(test::unhex(v.str("hex")));
+    } catch (const std::exception &e) {
+      CHECK(false, "frame vector '", name, "' does not parse: ", e.what());
+      continue;
+    }
+    CHECK(!type.empty(), "frame vector '", name,
+          "': no C++ typed message (wire.hpp) decodes it and encodes it back to the same bytes");
+    std::printf("     frame vector %s: %s\n", name.c_str(), type.empty() ? "UNCHECKED" : type.c_str());
+  }
+  CHECK(frames >= 4, "only ", frames, " frame vectors found");
+}
+
+void check_error_types() {
+  auto reply = [](int32_t code, std::string msg, std::optional<std::string> type) {
+    control::ErrorReply e;
+    e.code = code, e.error = std::move(msg), e.type = std::move(type);
+    std::string bytes = control::encode(e);
+    auto oh = control::parse_frame(bytes);
+    (void)control::decode_reply<control::ListModels>(oh.get(), true);
+  };
+  using test::expect_error;
+  expect_error<ConfigError>("type ConfigError", [&] { reply(SHMS_ERR_INVALID_ARG, "m.pbtxt: bad", "ConfigError"); },
+                            "m.pbtxt", Status::INVALID_ARG);
+  expect_error<ShmSpaceError>("type ShmSpaceError", [&] { reply(SHMS_ERR_UNAVAILABLE, "no space", "ShmSpaceError"); },
+                              "no space", Status::UNAVAILABLE);
+  expect_error<BusyError>("type BusyError", [&] { reply(SHMS_ERR_UNAVAILABLE, "no client id", "BusyError"); },
+                          "no client id", Status::UNAVAILABLE);
+  expect_error<ModelNotFoundError>("type of no C++ class", [&] { reply(SHMS_ERR_NOT_FOUND, "nope", "ShmServeError"); },
+                                   "nope", Status::NOT_FOUND);
+  expect_error<TimeoutError>("type ServerTimeoutError", [&] { reply(SHMS_ERR_TIMEOUT, "late", "ServerTimeoutError"); },
+                             "late", Status::TIMEOUT);
+  expect_error<ServerDeadError>("no type", [&] { reply(SHMS_ERR_SERVER_DEAD, "gone", std::nullopt); }, "gone",
+                                Status::SERVER_DEAD);
+  expect_error<ProtocolError>("reply without ok", [&] {
+    msgpack::sbuffer buf;
+    msgpack::packer<msgpack::sbuffer>(buf).pack_map(0);
+    (void)control::decode_reply<control::ListModels>(control::parse_body(buf.data(), buf.size()).get());
+  }, "'ok' is missing", Status::INTERNAL);
+  // ServerDeadError and TimeoutError are errors of their own, not UnavailableErrors.
+  CHECK((!std::is_base_of_v<UnavailableError, ServerDeadError> && !std::is_base_of_v<UnavailableError, TimeoutError>),
+        "ServerDeadError/TimeoutError derive from UnavailableError");
+  CHECK(std::string(status_name(Status::SERVER_DEAD)) == "SERVER_DEAD" &&
+            static_cast<int>(Status::TIMEOUT) == SHMS_ERR_TIMEOUT && std::string(name_of(SlotState::DONE)) == "DONE" &&
+            std::string(name_of(static_cast<Status>(99))) == "UNKNOWN",
+        "enums generated from shmserve.h");
+}
+
+}  // namespace
+
+void test_vectors(const std::string &path) {
+  const test::Json doc = test::JsonReader(test::read_file(path)).read();
+  const test::Json *vectors = doc.get("vectors");
+  CHECK(vectors && vectors->kind == test::Json::Object, "no vectors in ", path);
+  if (!vectors) return;
+  auto want = [&](const char *name) { return vectors->get(name) ? vectors->get(name)->str("hex") : "<missing>"; };
+
+  std::vector<shms_tensor_ref> in = {make_tensor_ref(0, DType::INT32, 0x28000, 64, {1, 16}),
+                                     make_tensor_ref(1, DType::INT32, 0x28040, 64, {1, 16})};
+  std::vector<shms_tensor_ref> out = {make_tensor_ref(0, DType::INVALID, 0x28080, 64, {}),
+                                      make_tensor_ref(1, DType::INVALID, 0x280c0, 64, {})};
+  CHECK(hex(&in[0], sizeof in[0]) == want("tensor_ref"), "tensor_ref differs");
+  // A request as a client writes it: shms_slot_begin, the descriptors, shms_slot_submit.
+  auto slot = std::make_unique<shms_slot>();
+  std::memset(static_cast<void *>(slot.get()), 0, sizeof *slot);
+  encode_request(*shms_slot_begin(slot.get()), 2, in, out);
+  shms_slot_submit(slot.get(), 1);
+  CHECK(hex(&slot->request, sizeof slot->request) == want("request_simple"), "request_simple differs");
+
+  uint64_t claim = shms_claim_word(3, 4097);
+  CHECK(hex(&claim, 8) == want("claim_word"), "claim word ", hex(&claim, 8));
+
+  // A ring of 8 cells (shms_control_init), enqueue_pos 4097, one real push (shms_ring_push).
+  std::vector<uint64_t> buf(shms_control_bytes(8) / 8);
+  CHECK(shms_control_init(buf.data(), shms_control_bytes(8), 8, 0) == 0, "control init failed");
+  shms_ring ring;
+  CHECK(shms_ring_attach(&ring, buf.data(), shms_control_bytes(8)) == 0, "attach failed");
+  ring.ctl->enqueue_pos.store(4097);
+  ring.cells[1].seq.store(4097);
+  CHECK(shms_ring_push(&ring, 3, 5, 7) == SHMS_RING_OK, "push failed");
+  uint64_t enq = ring.ctl->enqueue_pos.load();
+  CHECK(hex(&ring.cells[1], 32) + hex(&enq, 8) == want("ring_cell_after_push"),
+        "ring cell differs: ", hex(&ring.cells[1], 32) + hex(&enq, 8));
+
+  CHECK(hex(encode_bytes({"ab", ""})) == want("bytes_tensor"), "BYTES encoding differs");
+  auto items = decode_bytes("\x02\0\0\0ab\0\0\0\0", 10, 2);
+  CHECK(items.size() == 2 && items[0] == "ab" && items[1].empty(), "BYTES decoding");
+
+  // Control frames: what this client sends, byte for byte; what it reads, field by field.
+  control::Hello hello;
+  hello.pid = 4242, hello.arena_bytes = 1048576;
+  CHECK(hex(control::encode(hello)) == want("hello_frame"), "hello frame differs: ", hex(control::encode(hello)));
+  CHECK(hex(control::encode(control::GetMetadata{"simple", control::version_or_latest(0)})) == want("metadata_frame"),
+        "metadata frame differs");
+  auto err = control::parse_frame(test::unhex(want("error_reply_frame")));
+  test::expect_error<InvalidArgumentError>("error reply", [&] { control::decode_reply<control::Hello>(err.get()); },
+                                           "protocol version 1 not supported", Status::INVALID_ARG);
+  auto meta = control::parse_frame(test::unhex(want("metadata_reply_frame")));
+  ModelInfo m = control::decode_reply<control::GetMetadata>(meta.get(), true);
+  CHECK(m.id == 2 && m.name == "simple" && m.version == 1 && m.max_batch_size == 8 && m.platform == "python" &&
+            m.inputs.size() == 2 && m.outputs.size() == 2 && m.inputs[1].name == "INPUT1" &&
+            m.inputs[1].dtype == DType::INT32 && m.inputs[1].shape == std::vector<int64_t>({-1, 16}) && m.ready(),
+        "metadata reply decoded wrong");
+  check_frames(*vectors);
+  check_error_types();
+}
