@@ -92,6 +92,7 @@ typedef struct shms_answer {
   uint32_t n_results; /* 0 unless OK or OUTPUT_TOO_SMALL; at most SHMS_MAX_TENSORS */
   const shms_tensor_ref *results;
   char error[SHMS_ERROR_BYTES]; /* NUL-terminated */
+  uint64_t t_ns[SHMS_T_COUNT];  /* the slot's timestamps; CLIENT_WAKE is the reader's */
 } shms_answer;
 
 static inline int shms_slot_is_done(shms_slot *s) {
@@ -112,6 +113,8 @@ static inline int shms_slot_read_answer(shms_slot *s, shms_answer *a) {
   while (n + 1 < sizeof a->error && s->error[n]) n++;
   memcpy(a->error, s->error, n);
   a->error[n] = 0;
+  memcpy(a->t_ns, s->t_ns, sizeof a->t_ns);
+  a->t_ns[SHMS_T_CLIENT_WAKE] = shms_now_ns();
   return 1;
 }
 

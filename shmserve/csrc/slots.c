@@ -372,7 +372,7 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
   PyObject *results = refs_to_list(a.results, a.n_results);
   PyObject *ts = PyTuple_New(SHMS_T_COUNT);
   for (int i = 0; ts && i < SHMS_T_COUNT; i++)
-    PyTuple_SET_ITEM(ts, i, PyLong_FromUnsignedLongLong(s->t_ns[i]));
+    PyTuple_SET_ITEM(ts, i, PyLong_FromUnsignedLongLong(a.t_ns[i]));
   if (!msg || !results || !ts) {
     Py_XDECREF(msg);
     Py_XDECREF(results);

@@ -375,8 +375,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
       c->status = a.status;
       c->error = a.error;
       c->results.assign(a.results, a.results + std::min<size_t>(a.n_results, c->out_refs.size()));
-      std::memcpy(c->t_ns.data(), slots[s].t_ns, sizeof slots[s].t_ns);
-      c->t_ns[SHMS_T_CLIENT_WAKE] = shms_now_ns();
+      std::memcpy(c->t_ns.data(), a.t_ns, sizeof a.t_ns);
       if (c->status == SHMS_ERR_OUTPUT_TOO_SMALL && !c->retried && !c->orphaned && resend_locked(*c)) continue;
       shms_slot_release(&slots[s]);
       c->done = true;
