@@ -31,16 +31,15 @@ import mmap
 import os
 import platform
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from shmserve_bench.harness import ServerProcess, poll_until
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = Path("/work/shared/peers")
@@ -220,81 +219,23 @@ def references(args) -> dict:
 
 
 # ----------------------------------------------------------------------------- shmserve server
-class ShmServer:
-    """A private shmserve server: own runtime dir (0700), own process group; stop()
-    always terminates it and reports any of its segments left in /dev/shm."""
+def bench_server(repo: Path, log_path: Path, spin_us: int | None) -> ServerProcess:
+    """A private server (shmserve_bench.harness: own runtime dir, own process group),
+    not started yet. Its runtime dir goes into this process's environment, so that
+    Client(name) here, the benchmark's client processes and the C++ client find it."""
+    server = ServerProcess(repo, log_path=log_path, name_prefix="bench-",
+                           args=[] if spin_us is None else ["--spin-us", str(spin_us)])
+    os.environ["SHMSERVE_RUNTIME_DIR"] = str(server.runtime_dir)
+    return server
 
-    def __init__(self, repo: Path, log_path: Path, spin_us: int | None):
-        self.repo, self.log_path, self.spin_us = repo, log_path, spin_us
-        self.name = f"bench-{os.getpid()}"
-        self.runtime = Path(tempfile.mkdtemp(prefix="shmserve-bench-"))  # mode 0700
-        os.environ["SHMSERVE_RUNTIME_DIR"] = str(self.runtime)  # the Client reads it too
-        self.proc: subprocess.Popen | None = None
-        self.prefix: str | None = None
-        self.notes: list[str] = []
-        self.leftover: list[str] = []
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        cmd = [sys.executable, "-m", "shmserve.cli", "serve", "--model-repository", str(self.repo),
-               "--name", self.name]
-        if self.spin_us is not None:
-            cmd += ["--spin-us", str(self.spin_us)]
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                         env=os.environ.copy(), start_new_session=True)
-        sock = self.runtime / f"{self.name}.sock"
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"shmserve server exited with {self.proc.returncode}; "
-                                   f"see {self.log_path}")
-            if sock.exists() and self._accepts(sock):
-                self._read_prefix()
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"shmserve server not ready after {timeout_s} s; see {self.log_path}")
-
-    @staticmethod
-    def _accepts(path: Path) -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            try:
-                s.connect(str(path))
-                return True
-            except OSError:
-                return False
-
-    def _read_prefix(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            rec = json.loads((self.runtime / f"{self.name}.json").read_text())
-            self.prefix = rec["prefix"].lstrip("/")
-
-    def own_segments(self) -> list[str]:
-        if not self.prefix:
-            return []
-        return sorted(p.name for p in Path("/dev/shm").glob(self.prefix + "*"))
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGTERM)
-                try:
-                    self.proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    self.notes.append("server did not exit within 15 s of SIGTERM")
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, 0)  # anything left in its process group?
-                self.notes.append("processes of the server's group outlived it: SIGKILL")
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            if self.proc.returncode not in (0, -signal.SIGTERM):
-                self.notes.append(f"server exit status {self.proc.returncode}")
-        leftover = self.leftover = self.own_segments()
-        if leftover:
-            self.notes.append(f"left in /dev/shm after stop (removed now): {', '.join(leftover)}")
-            for name in leftover:
-                with contextlib.suppress(OSError):
-                    os.unlink(Path("/dev/shm") / name)
-        shutil.rmtree(self.runtime, ignore_errors=True)
+def stop_server(server: ServerProcess) -> list[str]:
+    """Stops it (SIGTERM, a clean shutdown); notes on anything unclean, which the
+    harness has cleaned up (processes, segments in /dev/shm)."""
+    notes = server.teardown()
+    if server.returncode not in (None, 0, -signal.SIGTERM):
+        notes.append(f"server exit status {server.returncode}")
+    return notes
 
 
 def ensure_models(repo: Path) -> None:
@@ -592,11 +533,11 @@ def run_shmserve_and_refs(args, res: dict, log_path: Path) -> bool:
     from shmserve import Client
 
     ensure_models(args.model_repository)
-    server = ShmServer(args.model_repository, log_path, args.spin_us)
+    server = bench_server(args.model_repository, log_path, args.spin_us)
     refs, shm = [], []
     ok = True
     try:
-        server.start()
+        server.start(timeout=60)
         with Client(server.name, arena_bytes=16 << 20, spin_us=args.client_spin_us) as client:
             for r in range(args.repeats):
                 print(f"repeat {r + 1}/{args.repeats}: references ...", file=sys.stderr)
@@ -604,20 +545,22 @@ def run_shmserve_and_refs(args, res: dict, log_path: Path) -> bool:
                 print(f"repeat {r + 1}/{args.repeats}: shmserve ...", file=sys.stderr)
                 shm.append(shmserve_repeat(client, args))
             res["server_stats"] = server_stats(client)
-            res["segments_with_client"] = server.own_segments()
-        time.sleep(0.5)  # the server ends the lease when it sees the socket close
-        res["segments_after_client_close"] = server.own_segments()
-        if len(res["segments_after_client_close"]) > 2:
-            res["notes"].append("shmserve: segments still there 0.5 s after the client closed "
-                                f"(expected -ctl and -srv only): {res['segments_after_client_close']}")
+            res["segments_with_client"] = server.segments()
+        # the server ends the lease (closes the arena) when it sees the socket close
+        if not poll_until(lambda: not server.arenas(), 5.0):
+            res["notes"].append("shmserve: the coordinator still held the client's arena "
+                                "5 s after the client closed")
+        res["segments_after_client_close"] = server.segments()
+        if res["segments_after_client_close"] != [f"{server.prefix.lstrip('/')}-srv"]:
+            res["notes"].append("shmserve: /dev/shm after the client closed (expected the "
+                                f"server segment only): {res['segments_after_client_close']}")
     except Exception as e:  # noqa: BLE001 - reported, and the server is stopped below
         ok = False
         res["notes"].append(f"shmserve run failed: {type(e).__name__}: {e}")
     finally:
-        server.stop()
-        res["notes"] += [f"shmserve: {n}" for n in server.notes]
+        res["notes"] += [f"shmserve: {n}" for n in stop_server(server)]
         res["segments_after_stop"] = server.leftover
-        if server.prefix is None and server.proc is not None:
+        if server.record is None and server.proc is not None:
             res["notes"].append("shmserve: no server record found: /dev/shm was not checked")
     if not ok or not shm:
         return False

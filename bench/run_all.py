@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import re
 import shlex
 import shutil
@@ -136,16 +135,16 @@ def cpp_latency(exe: Path, server, requests: int, zero_copy: bool) -> dict | Non
     """identity 4 KiB, 1 caller, through the C++ client against the same server."""
     cmd = [str(exe), "--name", server.name, "--requests", str(requests)]
     r = subprocess.run(cmd + (["--zero-copy"] if zero_copy else []), capture_output=True,
-                       text=True, timeout=300, env=dict(os.environ, SHMSERVE_RUNTIME_DIR=str(server.runtime)))
+                       text=True, timeout=300, env=server.env())
     m = re.search(r"p50 ([\d.]+) us\s+p90 ([\d.]+) us\s+p99 ([\d.]+) us", r.stdout)
     return {"p50": float(m[1]), "p90": float(m[2]), "p99": float(m[3])} if m else None
 
 
 def shmserve_repeat(args, out_log: Path) -> dict:
-    server = L.ShmServer(args.model_repository, out_log, None)
+    server = L.bench_server(args.model_repository, out_log, None)
     res = {"identity": {}, "notes": []}
     try:
-        server.start()
+        server.start(timeout=60)
         url = f"shm://{server.name}"
         for size in IDENTITY:
             say(f"  shmserve identity {size} ...")
@@ -166,8 +165,7 @@ def shmserve_repeat(args, out_log: Path) -> dict:
                 res["ceiling"][int(lv.value)] = ort_ceiling(
                     args.model_repository / "mlp" / "1" / "model.onnx", hist)
     finally:
-        server.stop()
-        res["notes"] += server.notes
+        res["notes"] += L.stop_server(server)
     return res
 
 

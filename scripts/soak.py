@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import multiprocessing
 import os
 import random
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,21 +41,21 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402
-
-SHM_DIR = Path("/dev/shm")
+from shmserve_bench.harness import ServerProcess, poll_until  # noqa: E402
+from shmserve_bench.proctree import children_of  # noqa: E402
 
 
 # ---------------------------------------------------------------- server processes
 
 def role_of(pid: int) -> str:
+    """"batcher", "worker", ...: the last part of the `python -m shmserve.<...>` module."""
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return "?"
     for part in cmd:
         if part.startswith(b"shmserve."):
-            return part.decode()[len("shmserve."):]
+            return part.decode().rsplit(".", 1)[-1]
     return "?"
 
 
@@ -70,11 +67,6 @@ def rss_kib(pid: int) -> int | None:
     except OSError:
         return None
     return None
-
-
-def shm_entries(prefix: str) -> list[str]:
-    base = prefix.lstrip("/") + "-"
-    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(base))
 
 
 def prepare_repo(src: Path, tmp: Path) -> Path:
@@ -197,17 +189,14 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.tmp = Path(tempfile.mkdtemp(prefix="shms-soak-", dir="/tmp"))
-        self.runtime = self.tmp / "rt"
-        self.runtime.mkdir(mode=0o700)
         self.logs = self.tmp / "logs"
         self.logs.mkdir()
-        self.name = f"soak{os.getpid()}"
         self.rng = random.Random(args.seed)
         self.violations: list[str] = []
         self.kills = collections.Counter()
         self.kill_times: dict[str, list[float]] = collections.defaultdict(list)
         self.labels: dict[int, str] = {}  # worker pid -> lineage label
-        self.proc = None
+        self.server: ServerProcess | None = None
 
     # -- server -------------------------------------------------------------------
     def start_server(self) -> None:
@@ -215,48 +204,30 @@ class Soak:
         self.repo = prepare_repo(src, self.tmp)
         onnx = self.repo / "mlp" / "1" / "model.onnx"
         self.onnx = str(onnx) if onnx.exists() else None
-        self.socket_path = self.runtime / f"{self.name}.sock"
-        env = {**os.environ, "SHMSERVE_RUNTIME_DIR": str(self.runtime)}
-        self.server_log = self.tmp / "server.log"
-        with open(self.server_log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "shmserve.cli", "serve", "--model-repository", str(self.repo),
-                 "--name", self.name, *self.args.server_arg],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True, cwd=str(REPO_ROOT))
-        deadline = time.monotonic() + 120
-        while True:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"server exited {self.proc.returncode} while starting:\n"
-                                 + self.server_log.read_text()[-3000:])
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                s.connect(str(self.socket_path))
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise SystemExit("server not ready after 120 s")
-                time.sleep(0.05)
-            finally:
-                s.close()
-        self.prefix = json.loads((self.runtime / f"{self.name}.json").read_text())["prefix"]
+        self.server = ServerProcess(self.repo, log_path=self.tmp / "server.log",
+                                    name_prefix="soak", args=self.args.server_arg)
+        try:
+            self.server.start(timeout=120)
+        except RuntimeError as e:
+            raise SystemExit(str(e)[-3000:]) from None
+        self.name, self.socket_path = self.server.name, self.server.socket_path
+        self.prefix = self.server.prefix
         for i, pid in enumerate(self.workers()):
             self.labels[pid] = f"worker{i}"
 
     def client(self):
-        import shmserve
-        return shmserve.Client(self.name, socket_path_=str(self.socket_path), arena_bytes=8 << 20)
+        return self.server.client(arena_bytes=8 << 20)
 
     def server_pids(self) -> dict[str, int]:
         """role/lineage label -> pid of every live server process."""
-        out = {"coordinator": self.proc.pid}
-        for pid in children_of(self.proc.pid):
+        out = {"coordinator": self.server.pid}
+        for pid in children_of(self.server.pid):
             role = role_of(pid)
             out[self.labels.get(pid, f"{role}:{pid}") if role == "worker" else role] = pid
         return out
 
     def workers(self) -> list[int]:
-        return [p for p in children_of(self.proc.pid) if role_of(p) == "worker"]
+        return [p for p in children_of(self.server.pid) if role_of(p) == "worker"]
 
     def warm_up(self) -> None:
         import numpy as np
@@ -326,7 +297,7 @@ class Soak:
         self.start_server()
         self.warm_up()
         rss_start = self.sample_rss()
-        print(f"server up in {time.monotonic() - t0:.1f} s (pid {self.proc.pid}, prefix "
+        print(f"server up in {time.monotonic() - t0:.1f} s (pid {self.server.pid}, prefix "
               f"{self.prefix}); soaking {a.duration:.0f} s with {a.clients} clients; logs in {self.tmp}",
               flush=True)
         stop_at = time.time() + a.duration
@@ -359,8 +330,8 @@ class Soak:
                 clients[i] = self.spawn_client(i, incarnations[i], stop_at)
                 self.all_logs.append(clients[i][1])
                 next_client_kill = now + a.kill_client_every
-            if self.proc.poll() is not None:
-                self.violations.append(f"coordinator exited ({self.proc.returncode}) during the soak")
+            if not self.server.running():
+                self.violations.append(f"coordinator exited ({self.server.returncode}) during the soak")
                 break
             for label, kib in self.sample_rss().items():
                 rss_peak[label] = max(rss_peak.get(label, 0), kib)
@@ -437,14 +408,15 @@ class Soak:
         counts = self.check_logs()
         # no client left: only the server segment may remain in /dev/shm (the control
         # segment and the arenas are memfds), and the coordinator holds no arena
-        time.sleep(1.0)
-        left = shm_entries(self.prefix)
         expected = [f"{self.prefix.lstrip('/')}-srv"]
+        poll_until(lambda: not self.server.arenas() and self.server.segments() == expected, 10.0)
+        left = self.server.segments()
         if left != expected:
             self.violations.append(f"/dev/shm after all clients left: {left} (expected {expected})")
-        arenas = open_memfds(self.proc.pid, "shmserve-arena-")
+        arenas = self.server.arenas()
         if arenas:
-            self.violations.append(f"arenas still open in the coordinator with no client: {arenas}")
+            self.violations.append(f"arenas still open in the coordinator 10 s after the last "
+                                   f"client left: {arenas}")
         rss_end = self.sample_rss()
         with self.client() as c:
             states = {m["name"]: m["state"] for m in c.models()}
@@ -462,22 +434,11 @@ class Soak:
                     and growth > a.rss_limit_mb * 1024:
                 self.violations.append(f"{label} RSS grew {growth / 1024:.1f} MiB "
                                        f"(limit {a.rss_limit_mb} MiB)")
-        # shutdown
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            code = None
-            self.violations.append("server ignored SIGTERM for 30 s")
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        if code not in (0, None):
+        # shutdown: SIGTERM, then nothing may be left (the harness reports, then removes)
+        self.violations += [f"shutdown: {p}" for p in self.server.teardown(term_timeout=30)]
+        code = self.server.returncode
+        if code != 0:
             self.violations.append(f"server exited {code} on SIGTERM")
-        time.sleep(0.5)
-        if shm_entries(self.prefix):
-            self.violations.append(f"/dev/shm after shutdown: {shm_entries(self.prefix)}")
-        if group_members(self.proc.pid):
-            self.violations.append(f"processes left after shutdown: {group_members(self.proc.pid)}")
 
         # summary
         tot = counts["totals"]
@@ -504,7 +465,7 @@ class Soak:
             print(f"  {label:<20}{f(s):>10}{f(p):>10}{f(e):>10}"
                   f"{(f'{g / 1024:+.1f}' if g is not None else '-'):>10}")
         print(f"/dev/shm with no client: {'ok' if left == expected else left}; after shutdown: "
-              f"{'clean' if not shm_entries(self.prefix) else 'LEFT'}; exit code {code}")
+              f"{'LEFT' if self.server.leftover else 'clean'}; exit code {code}")
         if self.violations:
             print(f"\nVIOLATIONS ({len(self.violations)}):")
             for v in self.violations[:50]:
@@ -519,12 +480,10 @@ class Soak:
         return 0
 
     def cleanup(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        """Whatever happened: the server stopped, nothing of it left behind."""
+        if self.server is not None and self.server.proc is not None:
+            for problem in self.server.teardown():
+                print(f"cleanup: {problem}", file=sys.stderr)
 
 
 def main(argv=None) -> int:

@@ -12,11 +12,8 @@ server's prefix is left in /dev/shm or a process of its group is still alive.
 """
 from __future__ import annotations
 
-import itertools
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,19 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import helpers
 from helpers import REPO_ROOT, ServerProcess
-
-_names = itertools.count()
-
-
-def _runtime_dir() -> Path:
-    # Short path: a Unix socket path must fit in 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="shms-rt-", dir="/tmp"))
-    path.chmod(0o700)
-    return path
-
-
-def _unique_name() -> str:
-    return f"t{os.getpid()}-{next(_names)}"
+from shmserve_bench.harness import private_runtime_dir, unique_name
 
 
 @pytest.fixture(scope="session")
@@ -70,21 +55,17 @@ def main_repo(tmp_path_factory, mlp_onnx) -> Path:
 
 @pytest.fixture(scope="session")
 def main_server(main_repo, tmp_path_factory):
-    runtime = _runtime_dir()
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SHMSERVE_RUNTIME_DIR", str(runtime))
-    server = ServerProcess(main_repo, _unique_name(), runtime,
-                           tmp_path_factory.mktemp("logs") / "main-server.log",
+    server = ServerProcess(main_repo, name=unique_name("t"),
+                           log_path=tmp_path_factory.mktemp("logs") / "main-server.log",
                            args=["--max-arena-bytes", str(1 << 40), "--max-clients", "128"])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHMSERVE_RUNTIME_DIR", str(server.runtime_dir))  # its own, removed by teardown
     try:
         server.start()
         yield server
     finally:
         mp.undo()
-        try:
-            _teardown(server)
-        finally:
-            shutil.rmtree(runtime, ignore_errors=True)
+        _teardown(server)
 
 
 @pytest.fixture
@@ -114,7 +95,7 @@ def server_factory(tmp_path, monkeypatch, mlp_onnx):
     """make(models=..., setup=fn(repo), args=[...], start=True) -> ServerProcess.
 
     models: bundled model names to copy; setup: writes extra models into the repo."""
-    runtime = _runtime_dir()
+    runtime = private_runtime_dir()  # shared by the test's servers: a name may be reused
     monkeypatch.setenv("SHMSERVE_RUNTIME_DIR", str(runtime))
     servers: list[ServerProcess] = []
 
@@ -126,8 +107,8 @@ def server_factory(tmp_path, monkeypatch, mlp_onnx):
             helpers.copy_bundled(repo, mlp_onnx, names=models)
             if setup is not None:
                 setup(repo)
-        server = ServerProcess(repo, name or _unique_name(), runtime,
-                               tmp_path / f"server{len(servers)}.log", args=args)
+        server = ServerProcess(repo, name=name or unique_name("t"), runtime_dir=runtime,
+                               log_path=tmp_path / f"server{len(servers)}.log", args=args)
         servers.append(server)
         if start:
             server.start()

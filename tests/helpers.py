@@ -4,14 +4,11 @@ server processes, raw protocol access for hostile-client tests.
 Everything here drives real processes; nothing mocks the engine."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,6 @@ import shmserve
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.segments import Segment
-from shmserve.server.segments import SHM_DIR, remove_segments
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUNDLED_REPO = REPO_ROOT / "model_repository"
@@ -205,170 +201,60 @@ def write_test_models(repo: Path) -> None:
 
 # ---------------------------------------------------------------- processes and /dev/shm
 
+# The server harness is shared with bench/ and scripts/soak.py; re-exported for the tests.
+from shmserve_bench.harness import ARENA_LABEL, ServerProcess, poll_until, shm_entries  # noqa: E402,F401
 from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
 
 
-def shm_entries(prefix: str) -> list[str]:
-    """/dev/shm entries of the server whose segment names start with `prefix`."""
-    base = prefix.lstrip("/") + "-"
-    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(base))
-
-
-def arena_fds(pid: int) -> list[str]:
-    """The arenas (memfds) a coordinator holds open: one per live lease."""
-    return open_memfds(pid, "shmserve-arena-")
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
+def wait_until(predicate, timeout: float, what: str, *, state=None, interval: float = 0.02):
+    """Waits until predicate() is true, at most timeout s; fails the test naming `what`
+    it waited for (and state(), if given, as last seen). Returns predicate()'s value."""
     deadline = time.monotonic() + timeout
     while True:
-        if predicate():
-            return True
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            return False
+            seen = f"; last seen: {state()!r}" if state is not None else ""
+            raise AssertionError(f"gave up after {timeout:g} s waiting for {what}{seen}")
         time.sleep(interval)
 
 
-def _stop_with_pytest() -> None:
-    """In the server's child before exec: SIGTERM it (a clean shutdown that removes its
-    segments) if pytest dies without running fixture teardown (kill -9, a hard timeout)."""
-    import signal
+def lease_slot_states(server, client_id: int) -> list[P.SlotState]:
+    """The states of a lease's slots that are not FREE, sorted: read from its arena
+    through the coordinator's descriptor, as the batcher opens it (the protocol's
+    layout, no client internals)."""
+    def u(buf: bytes, field: str) -> int:
+        return int.from_bytes(buf[L[field]:L[field] + L[field + ".bytes"]], "little")
 
-    from shmserve import _core
-
-    _core.set_parent_death_signal(signal.SIGTERM)
-
-
-class ServerProcess:
-    """`python -m shmserve.cli serve` in its own session, with its own runtime dir."""
-
-    def __init__(self, repo: Path, name: str, runtime_dir: Path, log_path: Path, args=()):
-        self.repo, self.name, self.runtime_dir = repo, name, runtime_dir
-        self.log_path, self.args = log_path, list(args)
-        self.proc: subprocess.Popen | None = None
-        self.record: dict | None = None
-        self.clients: list = []
-
-    @property
-    def socket_path(self) -> Path:
-        return self.runtime_dir / f"{self.name}.sock"
-
-    @property
-    def record_path(self) -> Path:
-        return self.runtime_dir / f"{self.name}.json"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def prefix(self) -> str:
-        return self.record["prefix"]
-
-    def env(self) -> dict:
-        return {**os.environ, "SHMSERVE_RUNTIME_DIR": str(self.runtime_dir)}
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "shmserve.cli", "serve", "--model-repository",
-                str(self.repo), "--name", self.name, *self.args]
-
-    def start(self, timeout: float = 90.0) -> ServerProcess:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env(),
-                                     start_new_session=True, preexec_fn=_stop_with_pytest)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server '{self.name}' exited with code "
-                                   f"{self.proc.returncode} while starting:\n{self.log()}")
-            if self._connectable():
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server '{self.name}' not ready after {timeout} s:\n{self.log()}")
-            time.sleep(0.02)
-        self.record = json.loads(self.record_path.read_text())
-        assert self.record["pid"] == self.pid
-        return self
-
-    def _connectable(self) -> bool:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd_dir = f"/proc/{server.pid}/fd"
+    for fd in os.listdir(fd_dir):
         try:
-            s.connect(str(self.socket_path))
-            return True
-        except OSError:
-            return False
+            if not os.readlink(f"{fd_dir}/{fd}").startswith("/memfd:" + ARENA_LABEL):
+                continue
+            arena = os.open(f"{fd_dir}/{fd}", os.O_RDONLY)
+        except OSError:  # closed meanwhile
+            continue
+        try:
+            head = os.pread(arena, L["arena.size"], 0)
+            if u(head, "arena.client_id") != client_id:
+                continue
+            offsets = (u(head, "arena.slots_offset") + i * L["slot.size"] + L["slot.state"]
+                       for i in range(u(head, "arena.n_slots")))
+            states = (int.from_bytes(os.pread(arena, 4, off), "little") for off in offsets)
+            return sorted(P.SlotState(st) for st in states if st != P.SlotState.FREE)
         finally:
-            s.close()
+            os.close(arena)
+    raise AssertionError(f"the coordinator holds no arena of client {client_id}")
 
-    def client(self, **kw) -> shmserve.Client:
-        c = shmserve.Client(self.name, socket_path_=str(self.socket_path), **kw)
-        self.clients.append(c)
-        return c
 
-    def log(self, tail: int = 6000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-tail:]
-        except OSError:
-            return ""
-
-    def segments(self) -> list[str]:
-        return shm_entries(self.prefix)
-
-    def arenas(self) -> list[str]:
-        return arena_fds(self.pid)
-
-    def members(self) -> list[int]:
-        return group_members(self.pid)
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        """Clean stop; returns the exit code."""
-        if self.running():
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL the coordinator only (its children die by PDEATHSIG)."""
-        os.kill(self.pid, signal.SIGKILL)
-
-    def teardown(self) -> list[str]:
-        """Stops the server (SIGTERM, then SIGKILL of the whole group), then reports
-        leftovers: segments with its prefix, processes of its group. Leftovers are
-        removed after being reported, so that one failure does not leak into the
-        next test."""
-        problems = []
-        for c in self.clients:
-            try:
-                c.close()
-            except Exception as e:  # a close that raises is a finding of its own
-                problems.append(f"Client.close() raised {type(e).__name__}: {e}")
-        self.clients.clear()
-        if self.proc is None:
-            return problems
-        if self.running():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                problems.append("server ignored SIGTERM for 15 s")
-        if self.proc.poll() is None or self.members():
-            if not wait_until(lambda: not self.members(), 5.0):
-                problems.append(f"processes left in the server's group: {self.members()}")
-            try:
-                os.killpg(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self.proc.wait(10)
-        if self.record is not None:
-            left = self.segments()
-            if left:
-                problems.append(f"segments left in /dev/shm: {left}")
-                remove_segments(self.prefix)
-        return problems
+def wait_in_flight(server, client, *states: P.SlotState, timeout: float = 10.0) -> None:
+    """Waits until the client's busy slots are exactly in these states: e.g. one
+    request RUNNING in a worker and one QUEUED in the batcher behind it."""
+    want = sorted(states)
+    wait_until(lambda: lease_slot_states(server, client.client_id) == want, timeout,
+               f"the client's requests in flight to be {[s.name for s in want]}",
+               state=lambda: [s.name for s in lease_slot_states(server, client.client_id)])
 
 
 # ---------------------------------------------------------------- raw protocol client
@@ -432,8 +318,9 @@ class RawLease:
     def state(self, slot: int) -> int:
         return self.ops.load32(self.slot_offset(slot) + L["slot.state"])
 
-    def wait_done(self, slot: int, timeout: float = 10.0):
-        """(status, error) once the server answered the slot, None on timeout."""
+    def wait_answer(self, slot: int, timeout: float = 10.0):
+        """(status, error, results) once the server answered the slot, which stays
+        DONE; None on timeout."""
         off = self.slot_offset(slot)
         deadline = time.monotonic() + timeout
         while self.ops.load32(off + L["slot.state"]) != P.SlotState.DONE:
@@ -443,9 +330,20 @@ class RawLease:
             if self.ops.load32(off + L["slot.state"]) == P.SlotState.DONE:
                 break
             self.ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen, 0, 20_000_000)
-        status, error, _, _ = self.ops.read_result(off)
-        self.ops.store32(off + L["slot.state"], P.SlotState.FREE)
-        return status, error
+        status, error, results, _ = self.ops.read_result(off)
+        return status, error, results
+
+    def free(self, slot: int) -> None:
+        self.ops.store32(self.slot_offset(slot) + L["slot.state"], P.SlotState.FREE)
+
+    def wait_done(self, slot: int, timeout: float = 10.0):
+        """(status, error) once the server answered the slot, which is freed; None on
+        timeout."""
+        answer = self.wait_answer(slot, timeout)
+        if answer is None:
+            return None
+        self.free(slot)
+        return answer[:2]
 
     def close(self) -> None:
         self.sock.close()
@@ -493,16 +391,24 @@ def busy_client(socket_path: str, name: str, index: int, n: int) -> str:
     return ""
 
 
+def start_sleeper_request(raw: RawLease, seconds: float) -> None:
+    """Sends the sleeper a request to sleep `seconds` from slot 0 of a raw lease and
+    waits until it is RUNNING (its output goes into the lease's arena at the end)."""
+    d = raw.data_offset
+    raw.buf[d:d + 4] = np.array([seconds], np.float32).tobytes()
+    gen = raw.write_raw_request(0, raw.model_ids["sleeper"], 1, 1,
+                                [(0, P.DTYPE_CODES["FP32"], 2, d, 4, (1, 1))],
+                                [(0, 0, 0, d + 4096, 4096, ())])
+    raw.push(0, gen)
+    wait_until(lambda: raw.state(0) == P.SlotState.RUNNING, 10,
+               "the raw request to be RUNNING in the sleeper")
+
+
 def truncating_client(socket_path: str, ready) -> None:
     """Child process: a hostile caller that shrinks its own arena to 0 bytes while
     the server works on its request (it must not touch the mapping afterwards)."""
     raw = RawLease(Path(socket_path))
-    d = raw.data_offset
-    raw.buf[d:d + 4] = np.array([0.5], np.float32).tobytes()
-    gen = raw.write_raw_request(0, raw.model_ids["sleeper"], 1, 1,
-                                [(0, 11, 2, d, 4, (1, 1))], [(0, 0, 0, d + 4096, 4096, ())])
-    raw.push(0, gen)
-    wait_until(lambda: raw.state(0) == P.SlotState.RUNNING, 10)
+    start_sleeper_request(raw, 0.5)
     try:
         os.ftruncate(raw.arena_fd, 0)
         ready.set()
@@ -517,8 +423,6 @@ def doomed_clients(socket_path: str, name: str, count: int, at_once: int = 8) ->
     opens a lease, submits a request to the sleeper and is SIGKILLed (by itself) with
     the request in flight. Forked, so each death costs milliseconds. Returns how many
     children did not die that way (a client that failed before its request)."""
-    import signal
-
     def child() -> None:
         c = shmserve.Client(name, socket_path_=socket_path, arena_bytes=64 << 10)
         c.submit("sleeper", {"INPUT0": np.array([[0.01]], np.float32)})

@@ -197,8 +197,10 @@ def test_a_thousand_caller_deaths_leave_every_lease_free(server_factory):
             out[pid] = maps.count("memfd:shmserve-arena-")
         return out
 
-    assert helpers.wait_until(lambda: not server.arenas(), 20), server.arenas()
-    assert helpers.wait_until(lambda: not any(arena_mappings().values()), 20), arena_mappings()
+    helpers.wait_until(lambda: not server.arenas(), 20, "the coordinator to close every arena",
+                       state=server.arenas)
+    helpers.wait_until(lambda: not any(arena_mappings().values()), 20,
+                       "the server processes to unmap every arena", state=arena_mappings)
     assert server.members() == before, "a server process died:\n" + server.log(2000)
     assert_serving(server.client(arena_bytes=1 << 20))
 
@@ -274,8 +276,8 @@ def test_client_process_killed_mid_request(main_server, tmp_path):
         assert len(arenas) == 1, arenas
         os.kill(proc.pid, 9)
         proc.join(10)
-        assert helpers.wait_until(lambda: not (set(main_server.arenas()) & arenas), 10), \
-            "the dead client's arena was not released"
+        helpers.wait_until(lambda: not (set(main_server.arenas()) & arenas), 10,
+                           "the dead client's arena to be released")
     finally:
         if proc.is_alive():
             proc.kill()

@@ -20,6 +20,7 @@ from helpers import (
     assert_serving,
     python_config,
     shm_entries,
+    wait_in_flight,
     wait_until,
     write_model,
 )
@@ -27,7 +28,7 @@ from helpers import (
 import helpers
 import shmserve
 from shmserve import errors
-from shmserve.protocol import LAYOUT, ClientState
+from shmserve.protocol import LAYOUT, ClientState, SlotState
 from shmserve.server.segments import SHM_DIR, control_size, remove_segments
 
 pytestmark = pytest.mark.timeout(60)
@@ -72,7 +73,8 @@ def test_clean_shutdown_leaves_nothing(server_factory, sig):
 
     assert server.stop(sig) == 0
     assert server.segments() == []
-    assert wait_until(lambda: not server.members(), 5), server.members()
+    wait_until(lambda: not server.members(), 5, "the server's processes to exit",
+               state=server.members)
     assert not server.socket_path.exists() and not server.record_path.exists()
     np.testing.assert_array_equal(held["OUTPUT0"], 1)  # still readable: the mapping lives on
     with pytest.raises(errors.ServerDeadError):
@@ -106,7 +108,7 @@ def test_request_in_flight_when_server_stops(server_factory):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         waiting = pool.submit(sleep_request, c, 30.0)
         future = c.submit("sleeper", [np.array([[30.0]], np.float32)])
-        time.sleep(0.5)
+        wait_in_flight(server, c, SlotState.RUNNING, SlotState.QUEUED)
         assert not waiting.done()
         server.proc.send_signal(signal.SIGTERM)
         with pytest.raises(errors.ServerDeadError):
@@ -126,7 +128,7 @@ def test_server_sigkilled_while_client_waits(server_factory):
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(sleep_request, c, 30.0)
-            time.sleep(0.5)
+            wait_in_flight(server, c, SlotState.RUNNING)
             server.kill()
             server.proc.wait(10)  # reaped, as any supervisor would
             with pytest.raises(errors.ServerDeadError, match=server.name):
@@ -134,8 +136,8 @@ def test_server_sigkilled_while_client_waits(server_factory):
         with pytest.raises(errors.ServerDeadError):
             c.infer("identity", [np.ones((1, 4), np.float32)])
         # Its children die with it (PDEATHSIG)...
-        assert wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p)
-                                          for p in children), 5)
+        wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in children),
+                   5, "the server's children to die with it")
         # ...but its named segment cannot be unlinked by a dead process (the control
         # segment and the arenas are memfds: they went with the processes).
         left = shm_entries(prefix)
@@ -167,7 +169,7 @@ def test_server_sigkilled_not_yet_reaped(server_factory):
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(sleep_request, c, 30.0, timeout=4)
-            time.sleep(0.5)
+            wait_in_flight(server, c, SlotState.RUNNING)
             server.kill()  # not reaped: the test process is the server's parent
             with pytest.raises(errors.ServerDeadError):
                 waiting.result(timeout=15)
@@ -411,14 +413,14 @@ def test_batcher_crash_loses_no_queued_request(server_factory):
     server = server_factory(models=("identity",), setup=setup)
     c = server.client(arena_bytes=1 << 20)
     busy = c.submit("sleeper", [np.array([[1.0]], np.float32)])  # the worker sleeps 1 s
-    time.sleep(0.2)
+    wait_in_flight(server, c, SlotState.RUNNING)
     queued = c.submit("sleeper", [np.array([[0.0, 7.0]], np.float32)])  # waits in the batcher
-    time.sleep(0.2)
+    wait_in_flight(server, c, SlotState.RUNNING, SlotState.QUEUED)
     old = _batcher_pid(server)
     os.kill(old, signal.SIGKILL)
     np.testing.assert_array_equal(busy.result(timeout=20)["OUTPUT0"], [[1.0]])
     np.testing.assert_array_equal(queued.result(timeout=20)["OUTPUT0"], [[0.0, 7.0]])
-    assert wait_until(lambda: _batcher_pid(server) != old, 10)
+    wait_until(lambda: _batcher_pid(server) != old, 10, "a new batcher process")
     assert "recovered 1 request" in server.log(), server.log(2000)
     assert_serving(c)
 
@@ -455,7 +457,7 @@ def test_crash_looping_model_becomes_unavailable(server_factory):
     def state():
         return {m["name"]: m["state"] for m in c.models()}["crashloop"]
 
-    assert wait_until(lambda: "crashed 5 times" in state(), 30), state()
+    wait_until(lambda: "crashed 5 times" in state(), 30, "crashloop to be retired", state=state)
     with pytest.raises(errors.UnavailableError, match="'crashloop'"):
         c.infer("crashloop", [np.ones((1, 2), np.float32)], timeout=10)
     assert "retired" in server.log(), server.log(2000)
@@ -486,7 +488,8 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
     state, lease = maps.lease_of(c.client_id)
     seg, _ = maps.arena(c.client_id, lease)
     c.close()
-    assert wait_until(lambda: maps.lease_of(c.client_id)[0] != ClientState.ALIVE, 10)
+    wait_until(lambda: maps.lease_of(c.client_id)[0] != ClientState.ALIVE, 10,
+               "the closed client's lease to end")
     assert maps.arena(c.client_id, lease) is None
     assert seg.ops is not None and seg.ops.load64(0) == LAYOUT["MAGIC_ARENA"]  # still usable
     maps.drop_ended_leases()
