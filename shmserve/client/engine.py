@@ -346,8 +346,8 @@ class Engine:
         """Reads a DONE slot: returns an InferResult, raises the request's error, or
         returns the request resent when an output buffer was too small."""
         slot_off = self._slots_offset + req.slot * P.SLOT_BYTES
-        status, message, results, stamps = self._ops.read_result(slot_off)  # the slot is FREE again
-        stamps = stamps[:P.Timestamp.CLIENT_WAKE] + (self._now(),)
+        # The slot is FREE again; stamps end with CLIENT_WAKE, taken at the read.
+        status, message, results, stamps = self._ops.read_result(slot_off)
         self._release_slot(req.slot)
         if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
             self._alloc.free(req.block, req.block_bytes)
