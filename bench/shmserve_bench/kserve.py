@@ -13,7 +13,7 @@ import uuid
 import numpy as np
 
 from shmserve import protocol as P
-from .targets import error_text
+from .failures import error_text
 
 
 def _module(proto: str):

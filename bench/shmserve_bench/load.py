@@ -30,7 +30,8 @@ import numpy as np
 
 from . import stats as S
 from .schedule import WorkerSchedule
-from .targets import NO_STAMPS, error_text, open_target
+from .failures import error_text
+from .targets import NO_STAMPS, open_target
 
 SPIN_NS = 200_000  # open loop: spin for the last 200 us before a send, sleep before that
 POLL_NS = 20_000_000  # a worker looks for "stop" this often

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from . import proctree
+from .failures import error_text
 from shmserve import protocol as P
 
 NO_STAMPS = (0,) * 8
@@ -43,11 +44,6 @@ def open_target(url: str, model: str, *, version=None, timeout_s: float = 30.0,
         return ShmTarget(rest, model, version, timeout_s, **(options or {}))
     from .kserve import KServeTarget
     return KServeTarget(scheme, rest, model, version, timeout_s)
-
-
-def error_text(e: BaseException) -> str:
-    msg = getattr(e, "msg", None) or str(e) or repr(e)
-    return f"{type(e).__name__}: {msg}"[:200]
 
 
 class ShmTarget:

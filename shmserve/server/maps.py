@@ -104,6 +104,8 @@ class ServerMaps:
                 answered += arena.ops.complete(layout.slot(slot), generation,
                                                int(Status.UNAVAILABLE), message, [])
         self.model_add(model_id, "request_failure", answered)
+        # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
+        # mailbox state in dispatch(): only then may it hand this mailbox a new batch.
         srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
         return answered
 

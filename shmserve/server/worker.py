@@ -62,8 +62,11 @@ class Worker:
     def load(self) -> None:
         self.backend = load_backend(self.spec)
         self.take_over_orphaned_batch()
+        # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
+        # mailbox.pid in dispatch(): from then on it hands us batches; the doorbell
+        # makes it look now (it may hold requests for this model already).
         self.maps.srv.store32(self.mailbox + L["mailbox.pid"], os.getpid())
-        self.maps.ring_batcher()  # it may hold requests for this model already
+        self.maps.ring_batcher()
 
     def take_over_orphaned_batch(self) -> None:
         """A predecessor that died mid-batch left its mailbox ASSIGNED. A model that
