@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import time
 from pathlib import Path
 
@@ -290,24 +289,38 @@ class RawLease:
 
     def write_raw_request(self, slot: int, model_id: int, n_inputs: int, n_outputs: int,
                           inputs=(), outputs=()) -> int:
-        """Writes a shms_request byte by byte (no client-side checks at all). Each
-        tensor is (index, dtype, ndim, offset, nbytes, shape[<=8]). Returns the
-        generation to push."""
+        """Writes a shms_request field by field at the header's offsets (no client-side
+        checks at all). Each tensor is (index, dtype, ndim, offset, nbytes, shape[<=8])
+        and optionally memory_kind, device_id. Returns the generation to push."""
         off = self.slot_offset(slot)
         req = off + L["slot.request"]
         self.buf[req:req + L["request.size"]] = bytes(L["request.size"])
-        struct.pack_into("<IIIIQQ", self.buf, req, model_id & 0xFFFFFFFF, n_inputs & 0xFFFFFFFF,
-                         n_outputs & 0xFFFFFFFF, 0, 0, 0)
+        for field, value in (("model_id", model_id), ("n_inputs", n_inputs),
+                             ("n_outputs", n_outputs)):
+            self._put(req, "request", field, value)
         ref = L["tensor_ref.size"]
-        for base, tensors in ((req + 32, inputs), (req + 32 + 16 * ref, outputs)):
-            for i, (index, dtype, ndim, offset, nbytes, shape) in enumerate(tensors):
-                shape = list(shape) + [0] * (8 - len(shape))
-                struct.pack_into("<IIIIQQ8q", self.buf, base + i * ref, index, dtype, ndim, 0,
-                                 offset & (2**64 - 1), nbytes & (2**64 - 1), *shape)
+        for base, tensors in ((req + L["request.inputs"], inputs),
+                              (req + L["request.outputs"], outputs)):
+            for i, tensor in enumerate(tensors):
+                at = base + i * ref
+                names = ("index", "dtype", "ndim", "offset", "nbytes", "shape", "memory_kind",
+                         "device_id")
+                for field, value in zip(names, tensor):
+                    if field == "shape":
+                        for d, dim in enumerate(value):
+                            self._put(at + 8 * d, "tensor_ref", field, dim, width=8)
+                    else:
+                        self._put(at, "tensor_ref", field, value)
         gen = self.generations[slot] = (self.generations[slot] + 1) & 0xFFFFFFFF
-        struct.pack_into("<I", self.buf, off + L["slot.generation"], gen)
+        self._put(off, "slot", "generation", gen)
         self.ops.store32(off + L["slot.state"], P.SlotState.SUBMITTED)
         return gen
+
+    def _put(self, base: int, struct_name: str, field: str, value: int, width: int = 0) -> None:
+        """Any integer into a field, cut to the field's width as a hostile client would."""
+        width = width or L[f"{struct_name}.{field}.bytes"]
+        at = base + L[f"{struct_name}.{field}"]
+        self.buf[at:at + width] = (value & (2 ** (8 * width) - 1)).to_bytes(width, "little")
 
     def push(self, slot: int, gen: int, client_id: int | None = None) -> int:
         cid = self.client_id if client_id is None else client_id
@@ -319,8 +332,8 @@ class RawLease:
         return self.ops.load32(self.slot_offset(slot) + L["slot.state"])
 
     def wait_answer(self, slot: int, timeout: float = 10.0):
-        """(status, error, results) once the server answered the slot, which stays
-        DONE; None on timeout."""
+        """(status, error, results) once the server answered the slot (read_result
+        frees it again); None on timeout."""
         off = self.slot_offset(slot)
         deadline = time.monotonic() + timeout
         while self.ops.load32(off + L["slot.state"]) != P.SlotState.DONE:

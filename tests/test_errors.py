@@ -282,3 +282,16 @@ def test_client_process_killed_mid_request(main_server, tmp_path):
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+def test_request_refused_before_sending_keeps_its_slot(main_server):
+    """A request the client itself cannot encode (more dimensions than the protocol
+    carries) is an InvalidArgumentError, and its slot comes back: as many such errors
+    as the lease has slots leave the client serving."""
+    with main_server.client(arena_bytes=1 << 20) as c:
+        too_deep = np.ones((1,) * 9, np.float32)
+        for _ in range(40):  # more than the 32 slots of a lease
+            with pytest.raises(errors.InvalidArgumentError, match="identity"):
+                c.infer("identity", [too_deep])
+        out = c.infer("identity", [np.ones((1, 8), np.float32)], copy=True)
+        assert out["OUTPUT0"].shape == (1, 8)

@@ -6,7 +6,6 @@ import concurrent.futures
 import os
 import signal
 import stat
-import struct
 import subprocess
 import sys
 import time
@@ -476,7 +475,9 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
                    if os.readlink(fd).startswith("/memfd:shmserve-control"))
     srv = Segment(main_server.prefix + "-srv")
     try:
-        max_clients, slots, n_models, n_workers = struct.unpack_from("<IIII", srv.buffer, 12)
+        max_clients, slots, n_models, n_workers = (
+            srv.ops.load32(LAYOUT[f"server.{f}"])
+            for f in ("max_clients", "slots_per_client", "n_models", "n_workers"))
     finally:
         srv.close()
     maps = ServerMaps({"max_clients": max_clients, "slots_per_client": slots,

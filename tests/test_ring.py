@@ -278,6 +278,26 @@ def test_mapping_bounds_are_checked():
         ops.store32(2, 1)  # misaligned
     with pytest.raises(IndexError):
         ops.read_result(4096 - 64)  # a slot does not fit
+    with pytest.raises(ValueError, match="power of two"):  # 2**59 cells: 32 * cap wraps to 0
+        ops.push_request(256, 2 ** 59, 1, 1, 1, lambda: None)
+    with pytest.raises(OverflowError):
+        ops.init_arena(1, 2 ** 63, 0, 1)
     ops.release()
     with pytest.raises(ValueError, match="released"):
         ops.load32(0)
+
+
+def test_tensor_refs_carry_memory_kind_and_device():
+    """TensorRef's named fields reach the descriptor: unset is 0 (the caller's arena),
+    a value past 16 bits is refused rather than cut."""
+    slot = bytearray(P.SLOT_BYTES)
+    ops = _core.Mapping(slot)
+    inputs = [P.TensorRef((0, 11, 4096, 16, (1, 4))),
+              P.TensorRef((1, 11, 4160, 16, (1, 4), P.MemoryKind.CUDA_IPC, 3))]
+    ops.write_request(0, 1, 0, inputs, [(0, 0, 4224, 64, ())])
+    ref = P.LAYOUT["slot.request"] + P.LAYOUT["request.inputs"]
+    kinds = [(ops.load32(ref + i * P.LAYOUT["tensor_ref.size"] + P.LAYOUT["tensor_ref.memory_kind"]))
+             for i in range(2)]
+    assert kinds == [0, P.MemoryKind.CUDA_IPC | (3 << 16)]  # memory_kind u16, device_id u16
+    with pytest.raises(OverflowError, match="device_id"):
+        ops.write_request(0, 2, 0, [P.TensorRef((0, 11, 4096, 16, (1, 4), 0, 1 << 16))], [])

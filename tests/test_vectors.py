@@ -70,7 +70,7 @@ def test_typed_control_messages_encode_the_vector_bytes():
 
 @pytest.mark.parametrize("wire, problem", [
     ({"op": "metadata", "model": 7}, "field 'model' must be str"),
-    ({"op": "hello", "pid": 1}, "field 'version' is missing"),
+    ({"op": "metadata", "version": 1}, "field 'model' is missing"),
     ({"op": "hello", "version": True}, "field 'version' must be int"),
     ({"op": "launch"}, "unknown control operation 'launch'"),
 ])

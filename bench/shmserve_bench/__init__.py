@@ -7,11 +7,19 @@ The library behind `shmserve bench`. In short:
     for level in results[0].levels:
         print(level.concurrency, level.throughput, level.latency_us["p99"])
 
-Modules: stats (percentiles, windows, stability), schedule (send times of the
+Modules: harness (a server started for tests, benchmarks and the soak), stats (percentiles, windows, stability), schedule (send times of the
 request-rate mode), inputs (request data), load (the client processes), targets
 (shmserve and KServe v2 endpoints), runner (the sweep and the stability loop),
 report (table, CSV, JSON), plot (PNG charts, matplotlib).
 """
-from .runner import BenchConfig, LevelResult, TargetResult, run_benchmark
-
 __all__ = ["BenchConfig", "LevelResult", "TargetResult", "run_benchmark"]
+
+
+def __getattr__(name: str):
+    # Loaded on first use: `shmserve` imports shmserve_bench.cli for every command,
+    # and the runner (multiprocessing, numpy, the targets) only matters for `bench`.
+    if name in __all__:
+        from . import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'shmserve_bench' has no attribute {name!r}")

@@ -93,7 +93,6 @@ class Engine:
         self._remember_models(hello.models)
         self._poller: threading.Thread | None = None
         self._closed = False
-        self._arena_base = np.frombuffer(self._buf, np.uint8).ctypes.data
 
     # -- control plane ------------------------------------------------------------
     def call(self, request: P.Message, _fds: int = 0):
@@ -238,7 +237,13 @@ class Engine:
         slot_off = self._slots_offset + slot * P.SLOT_BYTES
         with self._lock:
             self._inflight[slot] = req
-        self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
+        try:
+            self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
+        except (ValueError, TypeError, OverflowError) as e:  # e.g. more dims than MAX_DIMS
+            with self._lock:
+                del self._inflight[slot]
+            self._release_slot(slot)
+            raise errors.InvalidArgumentError(f"model '{req.plan.name}': {e}") from None
         try:
             rc = self._ring.push_request(self.client_id, slot, gen, self.check_server)
         except errors.ServerDeadError:

@@ -175,6 +175,8 @@ static PyObject *f_arena_layout(PyObject *m, PyObject *args) {
   unsigned int n_slots;
   unsigned long long data_bytes;
   if (!PyArg_ParseTuple(args, "IK", &n_slots, &data_bytes)) return NULL;
+  if (data_bytes > SHMS_MAX_SEGMENT_BYTES)
+    return PyErr_Format(PyExc_OverflowError, "arena of %llu bytes", data_bytes);
   shms_arena_geometry g = shms_arena_layout(n_slots, data_bytes);
   return Py_BuildValue("(KKK)", (unsigned long long)g.slots_offset,
                        (unsigned long long)g.data_offset, (unsigned long long)g.segment_bytes);
@@ -184,6 +186,7 @@ static PyObject *f_arena_layout(PyObject *m, PyObject *args) {
 static PyObject *f_control_bytes(PyObject *m, PyObject *arg) {
   unsigned long cap = PyLong_AsUnsignedLong(arg);
   if (PyErr_Occurred()) return NULL;
+  if (cap > (1ul << 30)) return PyErr_Format(PyExc_OverflowError, "ring of %lu cells", cap);
   return PyLong_FromUnsignedLongLong(shms_control_bytes((uint32_t)cap));
 }
 

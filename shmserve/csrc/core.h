@@ -28,6 +28,11 @@ extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple *
  * exception set. */
 void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t align);
 
+/* The ring view of a control mapping from the (offset, capacity) fixed at attach:
+ * capacity a power of two up to 2^30, cells inside the mapping; or -1, exception set. */
+int shms_py_ring_view(Mapping *self, unsigned long long off, unsigned long long cap,
+                      shms_ring *r);
+
 extern PyMethodDef shms_py_mapping_methods[]; /* mapping.c: atomics, doorbells, ring, bytes */
 extern PyMethodDef shms_py_slot_methods[];    /* slots.c: headers, requests, slots, mailboxes */
 

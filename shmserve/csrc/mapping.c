@@ -123,8 +123,8 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
 /* Every ring call takes the (offset, capacity) that ring_attach() returned once:
  * the header is client-writable, so it is never read again after attaching. */
 
-static int ring_view(Mapping *self, unsigned long long off, unsigned long long cap,
-                     shms_ring *r) {
+int shms_py_ring_view(Mapping *self, unsigned long long off, unsigned long long cap,
+                      shms_ring *r) {
   if (cap < 2 || (cap & (cap - 1)) || cap > (1u << 30)) {
     PyErr_SetString(PyExc_ValueError, "ring capacity must be a power of two");
     return -1;
@@ -154,7 +154,7 @@ static PyObject *m_ring_push(Mapping *self, PyObject *args) {
   unsigned int owner, slot, gen;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKIII", &off, &cap, &owner, &slot, &gen)) return NULL;
-  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   return PyLong_FromLong(shms_ring_push(&r, owner, slot, gen));
 }
 
@@ -165,7 +165,7 @@ static PyObject *m_ring_pop(Mapping *self, PyObject *args) {
   unsigned long long off, cap, pos;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
-  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   uint64_t p = pos, head_seq = 0;
   shms_ring_entry e;
   uint32_t owner = 0;
@@ -180,7 +180,7 @@ static PyObject *m_ring_skip(Mapping *self, PyObject *args) {
   unsigned long long off, cap, pos, head_seq;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKKK", &off, &cap, &pos, &head_seq)) return NULL;
-  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   uint64_t p = pos;
   return PyBool_FromLong(shms_ring_skip(&r, &p, head_seq));
 }
@@ -190,7 +190,7 @@ static PyObject *m_ring_repair(Mapping *self, PyObject *args) {
   unsigned long long off, cap, pos;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
-  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   return PyBool_FromLong(shms_ring_repair(&r, pos));
 }
 
@@ -200,7 +200,7 @@ static PyObject *m_ring_pending(Mapping *self, PyObject *args) {
   unsigned long long off, cap, pos;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
-  if (ring_view(self, off, cap, &r) < 0) return NULL;
+  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   /* Only [pos, enqueue_pos): a published-looking cell past enqueue_pos is no entry
    * the consumer will reach soon, so it must not keep the sweep from a request. */
   uint64_t enq = shms_load(&r.ctl->enqueue_pos, memory_order_acquire);

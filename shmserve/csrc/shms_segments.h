@@ -14,6 +14,7 @@
 static inline uint64_t shms_align(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
 
 #define SHMS_PAGE_BYTES 4096
+#define SHMS_MAX_SEGMENT_BYTES (1ULL << 48) /* geometry beyond this would overflow */
 
 /* Control segment: the block, then the ring at a cache-line boundary. */
 static inline uint64_t shms_control_bytes(uint32_t ring_capacity) {
@@ -99,8 +100,11 @@ static inline const char *shms_check_header(const void *base, uint64_t bytes, ui
   if (found != magic) return "wrong magic: not this kind of shmserve segment";
   if (version != SHMS_PROTOCOL_VERSION) return "protocol version mismatch";
   uint64_t said = 0;
-  if (magic == SHMS_MAGIC_CONTROL && bytes >= sizeof(shms_control))
+  if (magic == SHMS_MAGIC_CONTROL && bytes >= sizeof(shms_control)) {
+    if (((const shms_control *)base)->header_bytes != sizeof(shms_control))
+      return "control block header_bytes is not this version's";
     said = ((const shms_control *)base)->segment_bytes;
+  }
   else if (magic == SHMS_MAGIC_ARENA && bytes >= sizeof(shms_arena_header))
     said = ((const shms_arena_header *)base)->segment_bytes;
   else if (magic == SHMS_MAGIC_SERVER && bytes >= sizeof(shms_server_header))

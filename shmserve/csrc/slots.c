@@ -54,6 +54,23 @@ static int parse_shape(PyObject *shape, shms_tensor_ref *t) {
   return 0;
 }
 
+/* A TensorRef's named u16 field; None (not given) is 0. */
+static int u16_field(PyObject *ref, Py_ssize_t i, const char *name, uint16_t *out) {
+  PyObject *v = PyStructSequence_GetItem(ref, i);
+  if (v == Py_None) {
+    *out = 0;
+    return 0;
+  }
+  unsigned long x = PyLong_AsUnsignedLong(v);
+  if (PyErr_Occurred()) return -1;
+  if (x > 0xFFFF) {
+    PyErr_Format(PyExc_OverflowError, "TensorRef.%s %lu does not fit 16 bits", name, x);
+    return -1;
+  }
+  *out = (uint16_t)x;
+  return 0;
+}
+
 /* TensorRefs, or plain (index, dtype, offset, nbytes, shape) tuples -> refs.
  * Returns the count or -1. */
 static int parse_refs(PyObject *list, shms_tensor_ref *refs) {
@@ -76,11 +93,10 @@ static int parse_refs(PyObject *list, shms_tensor_ref *refs) {
     t->dtype = dtype;
     t->offset = offset;
     t->nbytes = nbytes;
-    if (Py_TYPE(item) == TensorRefType) {
-      t->memory_kind = (uint16_t)PyLong_AsUnsignedLong(PyStructSequence_GetItem(item, 5));
-      t->device_id = (uint16_t)PyLong_AsUnsignedLong(PyStructSequence_GetItem(item, 6));
-      if (PyErr_Occurred()) goto fail;
-    }
+    if (Py_TYPE(item) == TensorRefType &&
+        (u16_field(item, 5, "memory_kind", &t->memory_kind) < 0 ||
+         u16_field(item, 6, "device_id", &t->device_id) < 0))
+      goto fail;
     if (parse_shape(shape, t) < 0) goto fail;
   }
   Py_DECREF(seq);
@@ -98,14 +114,22 @@ static PyObject *tensor_ref(const shms_tensor_ref *t) {
     Py_XDECREF(ref);
     return NULL;
   }
-  for (uint32_t d = 0; d < nd; d++) PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(t->shape[d]));
-  PyStructSequence_SetItem(ref, 0, PyLong_FromUnsignedLong(t->index));
-  PyStructSequence_SetItem(ref, 1, PyLong_FromUnsignedLong(t->dtype));
-  PyStructSequence_SetItem(ref, 2, PyLong_FromUnsignedLongLong(t->offset));
-  PyStructSequence_SetItem(ref, 3, PyLong_FromUnsignedLongLong(t->nbytes));
-  PyStructSequence_SetItem(ref, 4, shape);
-  PyStructSequence_SetItem(ref, 5, PyLong_FromUnsignedLong(t->memory_kind));
-  PyStructSequence_SetItem(ref, 6, PyLong_FromUnsignedLong(t->device_id));
+  int failed = 0;
+  for (uint32_t d = 0; d < nd; d++) {
+    PyObject *v = PyLong_FromLongLong(t->shape[d]);
+    failed |= !v;
+    PyTuple_SET_ITEM(shape, d, v);
+  }
+  PyObject *items[7] = {PyLong_FromUnsignedLong(t->index), PyLong_FromUnsignedLong(t->dtype),
+                        PyLong_FromUnsignedLongLong(t->offset),
+                        PyLong_FromUnsignedLongLong(t->nbytes), shape,
+                        PyLong_FromUnsignedLong(t->memory_kind),
+                        PyLong_FromUnsignedLong(t->device_id)};
+  for (int i = 0; i < 7; i++) {
+    failed |= !items[i];
+    PyStructSequence_SetItem(ref, i, items[i]); /* steals; NULL items are skipped at dealloc */
+  }
+  if (failed) Py_CLEAR(ref);
   return ref;
 }
 
@@ -166,7 +190,11 @@ static PyObject *m_init_arena(Mapping *self, PyObject *args) {
   unsigned int n_slots, client_id, gen;
   unsigned long long data_bytes;
   if (!PyArg_ParseTuple(args, "IKII", &n_slots, &data_bytes, &client_id, &gen)) return NULL;
+  if (data_bytes > SHMS_MAX_SEGMENT_BYTES)
+    return PyErr_Format(PyExc_OverflowError, "arena of %llu bytes", data_bytes);
   shms_arena_geometry g = shms_arena_layout(n_slots, data_bytes);
+  if (g.segment_bytes < sizeof(shms_arena_header))
+    return PyErr_Format(PyExc_ValueError, "arena geometry");
   if (!shms_py_at(self, 0, g.segment_bytes, 0)) return NULL;
   shms_arena_init(self->base, &g, n_slots, client_id, gen);
   Py_RETURN_NONE;
@@ -199,7 +227,9 @@ static PyObject *m_write_client_entry(Mapping *self, PyObject *args) {
   e->uid = uid;
   e->segment_bytes = bytes;
   snprintf(e->segment, sizeof e->segment, "%s", path);
-  e->generation = gen;
+  /* The batcher and workers load the generation at any time (lease_of): an atomic
+   * store, though only the ALIVE store below publishes it. */
+  __atomic_store_n(&e->generation, gen, __ATOMIC_RELAXED);
   shms_store(&e->state, (uint32_t)SHMS_CLIENT_ALIVE, memory_order_seq_cst);
   Py_RETURN_NONE;
 }
@@ -316,13 +346,15 @@ static PyObject *m_write_request(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* lease_alive callback of push_request: calls the Python check, which raises if the
- * lease or the server ended (the exception then propagates from push_request). */
+/* lease_alive callback of push_request, called without the GIL: takes it, calls the
+ * Python check, which raises if the lease or the server ended (the exception then
+ * propagates from push_request). */
 static int call_lease_alive(void *callable) {
+  PyGILState_STATE g = PyGILState_Ensure();
   PyObject *r = PyObject_CallNoArgs((PyObject *)callable);
-  if (!r) return 0;
-  Py_DECREF(r);
-  return 1;
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+  return r != NULL;
 }
 
 /* Client, on the control mapping: push_request(ring_offset, capacity, owner, slot,
@@ -335,13 +367,11 @@ static PyObject *m_push_request(Mapping *self, PyObject *args) {
   PyObject *check;
   if (!PyArg_ParseTuple(args, "KKIIIO", &off, &cap, &owner, &slot, &gen, &check)) return NULL;
   shms_ring r;
-  r.ctl = (shms_control *)shms_py_at(self, 0, sizeof(shms_control), 64);
-  r.cells = r.ctl && cap >= 2 && !(cap & (cap - 1))
-                ? (shms_ring_cell *)shms_py_at(self, off, cap * sizeof(shms_ring_cell), 64)
-                : NULL;
-  if (!r.cells) return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_ValueError, "bad ring");
-  r.capacity = cap;
-  int rc = shms_push_request(&r, owner, slot, gen, call_lease_alive, check);
+  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
+  int rc;
+  /* Retries sleep (a full ring): other threads of the caller go on meanwhile. */
+  Py_BEGIN_ALLOW_THREADS rc = shms_push_request(&r, owner, slot, gen, call_lease_alive, check);
+  Py_END_ALLOW_THREADS
   if (rc < 0) return NULL; /* check() raised */
   return PyLong_FromLong(rc);
 }
@@ -379,8 +409,9 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
     Py_XDECREF(ts);
     return NULL;
   }
-  shms_slot_release(s);
-  return Py_BuildValue("(iNNN)", a.status, msg, results, ts);
+  PyObject *answer = Py_BuildValue("(iNNN)", a.status, msg, results, ts);
+  if (answer) shms_slot_release(s); /* only once the answer is in hand */
+  return answer;
 }
 
 /* ---------------------------------------------------------------- server side */
@@ -488,10 +519,15 @@ static PyObject *m_mailbox_assign(Mapping *self, PyObject *args) {
     return PyErr_Format(PyExc_ValueError, "a batch holds 1..%d requests, not %zd",
                         SHMS_MAX_BATCH_REQUESTS, n);
   }
-  for (Py_ssize_t i = 0; i < n; i++)
-    shadows[i] = (uint32_t)PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+  for (Py_ssize_t i = 0; i < n; i++) {
+    unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (PyErr_Occurred() || v > UINT32_MAX) {
+      Py_DECREF(seq);
+      return PyErr_Occurred() ? NULL : PyErr_Format(PyExc_OverflowError, "shadow index %lu", v);
+    }
+    shadows[i] = (uint32_t)v;
+  }
   Py_DECREF(seq);
-  if (PyErr_Occurred()) return NULL;
   shms_mailbox_assign(mb, shadows, (uint32_t)n);
   Py_RETURN_NONE;
 }

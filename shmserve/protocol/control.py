@@ -62,7 +62,7 @@ class Hello(Message):
     """Opens the lease; the reply carries the arena's and control segment's memfds."""
 
     OP: ClassVar[str] = "hello"
-    version: int
+    version: int | None = None  # the coordinator answers a missing or other version
     pid: int = 0  # informative: the server takes the caller's pid from SO_PEERCRED
     arena_bytes: int = 0  # 0: the server's default
 
@@ -153,7 +153,8 @@ class ErrorReply(Message):
     type: str | None = None
 
     def to_wire(self) -> dict:
-        return {"ok": False, **dataclasses.asdict(self)}
+        wire = {"ok": False, "code": self.code, "error": self.error}
+        return wire if self.type is None else {**wire, "type": self.type}
 
 
 REPLIES: dict[type[Message], type[Message]] = {
@@ -161,10 +162,14 @@ REPLIES: dict[type[Message], type[Message]] = {
     GetConfig: ModelConfig, GetStats: StatsReply}
 
 
+class UnknownOperation(ValueError):
+    """A request whose "op" no message declares."""
+
+
 def decode_request(wire: dict) -> Message:
     op = wire.get("op")
     if op not in REQUESTS:
-        raise ValueError(f"unknown control operation {op!r}")
+        raise UnknownOperation(f"unknown control operation {op!r}")
     return REQUESTS[op].from_wire(wire)
 
 

@@ -91,7 +91,7 @@ class ControlPlane:
             known = sorted({s.name for s in self.specs})
             raise ShmServeError(f"unknown model '{name}' (serving: {', '.join(known)})",
                                 P.Status.NOT_FOUND)
-        if version in (None, "", 0, -1):
+        if version in (None, 0, -1):
             return max(matches, key=lambda i: self.specs[i].version)
         for i in matches:
             if self.specs[i].version == int(version):
@@ -149,6 +149,8 @@ class ControlPlane:
                     reply = self.handle(P.decode_request(await P.read_frame(reader)), lease)
                 except ShmServeError as e:
                     reply = P.ErrorReply(int(e.code), e.msg, type(e).__name__)
+                except P.UnknownOperation as e:
+                    reply = P.ErrorReply(int(P.Status.INVALID_ARG), str(e), "ShmServeError")
                 except (ValueError, TypeError, OverflowError, KeyError) as e:
                     reply = P.ErrorReply(int(P.Status.INVALID_ARG),
                                          f"malformed control message: {type(e).__name__}: {e}")

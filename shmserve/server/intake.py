@@ -93,7 +93,9 @@ class Intake:
             return  # stale or duplicate entry
         if isinstance(taken[1], str):
             status, msg = taken
-            model_id = arena.ops.load32(slot_off + L["slot.request"])
+            # The model id of the server's copy: the slot's own the client may rewrite.
+            model_id = self.maps.srv.load32(layout.shadow(client_id, slot) + L["shadow.request"]
+                                            + L["request.model_id"])
             if model_id < self.n_models:
                 self.maps.model_add(model_id, "request_failure", 1)
             arena.ops.complete(slot_off, gen, status, msg, [])

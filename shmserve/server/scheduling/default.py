@@ -3,7 +3,7 @@ scheduler): one request per execution, in arrival order."""
 from __future__ import annotations
 
 from ..repository import ModelSpec
-from . import Pending
+from .base import Pending
 from .fifo import FifoQueue
 
 

@@ -8,7 +8,7 @@ import collections
 
 from ...protocol import MAX_BATCH_REQUESTS
 from ..repository import ModelSpec
-from . import Pending
+from .base import Pending
 from .fifo import FifoQueue
 
 

@@ -7,7 +7,7 @@ import collections
 
 from ...protocol import Status
 from ..repository import ModelSpec
-from . import Pending, Rejection, Scheduler
+from .base import Pending, Rejection, Scheduler
 
 
 class FifoQueue(Scheduler):

@@ -1,0 +1,62 @@
+"""The scheduler interface: queue entries (Pending), Rejection, and Scheduler, the
+base of every policy. The contract is in the package docstring (__init__.py)."""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import NamedTuple
+
+from ...protocol import Status
+from ..repository import ModelSpec
+
+
+@dataclasses.dataclass
+class Pending:
+    """One validated request waiting in a scheduler (built by intake)."""
+    shadow: int  # the request's shadow index: what a worker's mailbox names it by
+    rows: int  # its batch dimension (1 for a model without batching)
+    key: bytes  # its non-batch shapes: requests batch together only with an equal key
+    arrived_ns: int  # when intake took it
+    arena: object  # its client's arena mapping: opaque to a policy
+    slot_off: int  # its slot in that arena: opaque to a policy
+    generation: int = 0  # of the slot's request, to answer it
+
+
+class Rejection(NamedTuple):
+    """A request a scheduler will not run, and the error to answer it with."""
+    pending: Pending
+    status: Status
+    message: str
+
+
+class Scheduler(abc.ABC):
+    """The policy of one model. See the module docstring for the contract."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+
+    @classmethod
+    @abc.abstractmethod
+    def applies_to(cls, spec: ModelSpec) -> bool:
+        """Whether this policy schedules the model spec describes (make_scheduler)."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """How many requests it holds (enqueued, not yet returned)."""
+
+    @abc.abstractmethod
+    def enqueue(self, p: Pending) -> Rejection | None:
+        """Takes p, or returns why not (intake answers it)."""
+
+    @abc.abstractmethod
+    def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
+        """(batch, None) to run now; (None, deadline_ns) to wait until then at the
+        latest; (None, None) when nothing can go before something new happens."""
+
+    @abc.abstractmethod
+    def expire(self, now_ns: int) -> tuple[list[Rejection], int | None]:
+        """The requests that waited too long, to answer, and when the next expires."""
+
+    @abc.abstractmethod
+    def drain(self) -> list[Pending]:
+        """Every request held, removed: the model became unavailable."""
