@@ -64,18 +64,17 @@ def claim_word(owner: int, pos: int) -> bytes:
 def ring_cell_after_push(capacity: int, pos: int, owner: int, slot: int, generation: int) -> bytes:
     """A control block with `capacity` cells, enqueue_pos = pos (cell free for pos);
     one real push through _core (shms_ring_push). Returns the cell then enqueue_pos."""
-    ring_offset = L["control.size"]
-    buf = bytearray(ring_offset + capacity * L["ring_cell.size"])
-    struct.pack_into("<QIIII", buf, 0, L["MAGIC_CONTROL"], P.PROTOCOL_VERSION, ring_offset, ring_offset,
-                     capacity)
-    for i in range(capacity):
-        struct.pack_into("<Q", buf, ring_offset + i * 32, i)
-    struct.pack_into("<Q", buf, L["control.enqueue_pos"], pos)
-    cell = ring_offset + (pos & (capacity - 1)) * 32
-    struct.pack_into("<Q", buf, cell, pos)
-    rc = P.Ring(_core.Mapping(buf)).push(owner, slot, generation)
+    buf = bytearray(_core.control_bytes(capacity))
+    ops = _core.Mapping(buf)
+    ops.init_control(capacity, 0)  # cell i free for position i
+    # Move the ring on to position pos, as if pos pushes had been consumed.
+    ops.store64(L["control.enqueue_pos"], pos)
+    cell = ops.ring_attach()[0] + (pos & (capacity - 1)) * L["ring_cell.size"]
+    ops.store64(cell + L["ring_cell.seq"], pos)
+    rc = P.Ring(ops).push(owner, slot, generation)
     assert rc == P.RingResult.OK, rc
-    return bytes(buf[cell:cell + 32]) + bytes(buf[L["control.enqueue_pos"]:L["control.enqueue_pos"] + 8])
+    size = L["ring_cell.size"]
+    return bytes(buf[cell:cell + size]) + bytes(buf[L["control.enqueue_pos"]:L["control.enqueue_pos"] + 8])
 
 
 def frame(message: dict) -> bytes:
