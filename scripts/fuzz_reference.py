@@ -1,0 +1,250 @@
+"""docs/protocol.md section 11 in Python, for scripts/fuzz_campaign.py.
+
+  - the byte layout of what the campaign writes and reads back (shms_request,
+    shms_tensor_ref, the slot's state words, the shadow's header): every offset and
+    size comes from shmserve.protocol.LAYOUT (the C core's tables), none typed here;
+  - ELEM, the element sizes of the data types (the protocol's DataType with numpy's
+    itemsize; BYTES: its 4-byte length prefix);
+  - decode_request(raw): a request's bytes as a dict;
+  - reference(...): the status, check and message the server must answer with, check
+    by check in the order of section 11 (1-17 with 4a and 15a), worded as
+    shms_validate_request (shmserve/csrc/shms_request.h) words them;
+  - classify(message): which check a server message reports (CHECKS).
+
+Plain Python, no atheris: the campaign instruments this module when it imports it.
+"""
+from __future__ import annotations
+
+import struct
+
+from shmserve import protocol as P
+from shmserve.protocol import LAYOUT as L
+from shmserve.protocol import DataType, MemoryKind, Status
+
+MAXT, MAXD, ALIGN = P.MAX_TENSORS, P.MAX_DIMS, P.DATA_ALIGN
+U32, U64 = 2**32 - 1, 2**64 - 1
+BYTES = int(DataType.BYTES)
+ERROR_TEXT = L["ERROR_BYTES"] - 1  # the message's bytes before its NUL (snprintf cuts there)
+
+
+def _elem_size(dtype: DataType) -> int | None:
+    if dtype == DataType.BYTES:
+        return 4  # each element's length prefix: the least an element takes
+    try:
+        return P.numpy_dtype(dtype).itemsize
+    except TypeError:  # BF16 without ml_dtypes
+        return None
+
+
+# Bytes per element of every data type numpy knows here (BF16 needs ml_dtypes).
+ELEM = {int(t): n for t in DataType if t != DataType.INVALID and (n := _elem_size(t))}
+
+
+# ---------------------------------------------------------------- byte layout
+
+class Field:
+    """A little-endian field of a C struct where LAYOUT puts it ("struct.field" and
+    "struct.field.bytes"); `count` > 1 for an array, read and written as a list."""
+
+    def __init__(self, offset: int, size: int, signed: bool = False, count: int = 1):
+        self.offset, self.size, self.signed, self.count = offset, size, signed, count
+        code = {1: "b", 2: "h", 4: "i", 8: "q"}[size]
+        self.fmt = struct.Struct(f"<{count}{code if signed else code.upper()}")
+        self.max = 2 ** (8 * size - signed) - 1
+
+    @classmethod
+    def of(cls, key: str, signed: bool = False, count: int = 1) -> "Field":
+        return cls(L[key], L[key + ".bytes"] // count, signed, count)
+
+    def item(self, j: int) -> "Field":
+        """Element j of an array field."""
+        return Field(self.offset + j * self.size, self.size, self.signed)
+
+    def get(self, buf, base: int = 0):
+        values = self.fmt.unpack_from(buf, base + self.offset)
+        return values[0] if self.count == 1 else list(values)
+
+    def put(self, buf, base: int, value) -> None:
+        if self.count == 1:
+            self.fmt.pack_into(buf, base + self.offset, value)
+        else:  # an array: the values given, then zeros
+            self.fmt.pack_into(buf, base + self.offset, *value, *[0] * (self.count - len(value)))
+
+
+REQ_SIZE, REF_SIZE = L["request.size"], L["tensor_ref.size"]
+IN0, OUT0 = L["request.inputs"], L["request.outputs"]  # the first input / output entry
+assert L["request.inputs.bytes"] == L["request.outputs.bytes"] == MAXT * REF_SIZE
+MODEL_ID, N_INPUTS, N_OUTPUTS, FLAGS = (Field.of(f"request.{n}") for n in
+                                        ("model_id", "n_inputs", "n_outputs", "flags"))
+# shms_tensor_ref, by name (the keys of decode_request's tensor dicts).
+REF = {n: Field.of(f"tensor_ref.{n}") for n in
+       ("index", "dtype", "ndim", "memory_kind", "device_id", "offset", "nbytes")}
+REF["shape"] = Field.of("tensor_ref.shape", signed=True, count=MAXD)
+INDEX, DTYPE, NDIM, MEMORY_KIND, DEVICE_ID, OFFSET, NBYTES, SHAPE = REF.values()
+SLOT_STATE, SLOT_GENERATION = Field.of("slot.state"), Field.of("slot.generation")
+T_NS = Field.of("slot.t_ns", count=len(P.Timestamp))
+SHADOW = {n: Field.of(f"shadow.{n}") for n in ("client_id", "slot", "generation", "lease",
+                                               "batch_rows")}
+
+
+def decode_request(raw) -> dict:
+    """A shms_request's bytes as {model_id, n_inputs, n_outputs, inputs, outputs}; the
+    first n_inputs (n_outputs) entries, at most MAXT, as {field: value} (shape: all
+    MAXD entries): those are all that the server reads."""
+    def refs(base, n):
+        return [{name: f.get(raw, base + k * REF_SIZE) for name, f in REF.items()}
+                for k in range(min(n, MAXT))]
+
+    ni, no = N_INPUTS.get(raw), N_OUTPUTS.get(raw)
+    return {"model_id": MODEL_ID.get(raw), "n_inputs": ni, "n_outputs": no,
+            "inputs": refs(IN0, ni), "outputs": refs(OUT0, no)}
+
+
+# ---------------------------------------------------------------- section 11
+
+# Which check of section 11 a server message reports (a needle of its wording), and
+# the status that check answers with; NOT_FOUND and UNAVAILABLE precede the checks.
+CHECKS = [
+    ("1", "inputs and", Status.BAD_DESCRIPTOR), ("2", "missing input", Status.INVALID_ARG),
+    ("2", "inputs, got", Status.INVALID_ARG), ("3", "input index", Status.INVALID_ARG),
+    ("4", "given twice", Status.INVALID_ARG), ("4a", "reads inputs from", Status.INVALID_ARG),
+    ("5", "has data type", Status.INVALID_ARG), ("6", "dimensions, expected", Status.INVALID_ARG),
+    ("7", "negative dimension", Status.INVALID_ARG), ("8", "outside 1..", Status.INVALID_ARG),
+    ("9", "differs from", Status.INVALID_ARG), ("10", "' dimension ", Status.INVALID_ARG),
+    ("11", "' data [", Status.BAD_DESCRIPTOR), ("12", "shape overflows", Status.INVALID_ARG),
+    ("13", "its shape needs", Status.INVALID_ARG), ("14", "output index", Status.INVALID_ARG),
+    ("15", "requested twice", Status.INVALID_ARG),
+    ("15a", "writes outputs into", Status.INVALID_ARG),
+    ("16", "' buffer [", Status.BAD_DESCRIPTOR), ("17", "names no output", Status.INVALID_ARG),
+    ("NOT_FOUND", "request names an unknown model id ", Status.NOT_FOUND),
+    ("UNAVAILABLE", "is not available", Status.UNAVAILABLE),
+]
+STATUS_OF = {c: s for c, _, s in CHECKS}
+SECTION11 = list(dict.fromkeys(c for c, _, _ in CHECKS[:-2]))  # "1", ..., "4a", ..., "17"
+
+
+def classify(msg: str) -> tuple[str, Status | None]:
+    """(check, its status) of the first CHECKS needle in msg; ("other", None) if none."""
+    for check, needle, status in CHECKS:
+        if needle in msg:
+            return check, status
+    return "other", None
+
+
+def dtype_name(code: int) -> str:
+    """shms_dtype_name: the header's name, INVALID for a code it does not list."""
+    return DataType(code).name if code in DataType._value2member_map_ else "INVALID"
+
+
+def tensor_bytes(dtype: int, shape: list[int]) -> int:
+    """shms_tensor_bytes: ELEM x product(shape), U64 once a product would overflow."""
+    n = ELEM[dtype]
+    for d in shape:
+        if d != 0 and n > U64 // d:
+            return U64
+        n *= d
+    return n
+
+
+def _answer(check: str, text: str) -> tuple[Status, str, str]:
+    cut = text.encode()[:ERROR_TEXT].decode(errors="replace")
+    return STATUS_OF[check], check, cut
+
+
+def reference(req: dict, models: list, ready: list[bool], data_begin: int,
+              data_end: int) -> tuple[Status, str, str]:
+    """(status, check, message) of docs/protocol.md section 11 for a decoded request to
+    a table of ModelSpecs: check "OK" (message ""), "NOT_FOUND", "UNAVAILABLE" or the
+    first failing check of the table ("1".."17", "4a", "15a")."""
+    mid = req["model_id"]
+    if mid >= len(models):
+        return _answer("NOT_FOUND", f"request names an unknown model id {mid}")
+    m = models[mid]
+    if not ready[mid]:
+        return _answer("UNAVAILABLE", f"model '{m.name}' version {m.version} is not available "
+                       "(it failed to load; see `shmserve models`)")
+
+    def refuse(check: str, text: str) -> tuple[Status, str, str]:
+        return _answer(check, f"model '{m.name}': {text}")
+
+    def outside(t: dict) -> bool:
+        off, nb = t["offset"], t["nbytes"]
+        return bool(off % ALIGN) or off < data_begin or off > data_end or nb > data_end - off
+
+    def entry(t: dict, side: str, seen: set) -> tuple[tuple | None, str]:
+        """Checks 3, 4, 4a of an input or 14, 15, 15a of an output: its index names a
+        tensor of the model, not named before, in the caller's arena.
+        -> (refusal or None, "input '<name>'")."""
+        specs, checks, twice, access = {
+            "input": (m.inputs, ("3", "4", "4a"), "given", "reads inputs from"),
+            "output": (m.outputs, ("14", "15", "15a"), "requested", "writes outputs into")}[side]
+        k = t["index"]
+        if k >= len(specs):
+            return refuse(checks[0], f"{side} index {k} out of range (model has {len(specs)} "
+                          f"{side}s)"), ""
+        name = f"{side} '{specs[k].name}'"
+        if k in seen:
+            return refuse(checks[1], f"{name} {twice} twice"), name
+        seen.add(k)
+        if t["memory_kind"] != MemoryKind.HOST_ARENA or t["device_id"] != 0:
+            return refuse(checks[2], f"{name} is in memory kind {t['memory_kind']} device "
+                          f"{t['device_id']}; this server {access} the caller's arena only "
+                          "(memory kind 0)"), name
+        return None, name
+
+    batched = m.max_batch_size > 0
+    ni, no, n_in = req["n_inputs"], req["n_outputs"], len(m.inputs)
+    if ni > MAXT or no > MAXT:
+        return refuse("1", f"request has {ni} inputs and {no} outputs (limit {MAXT})")
+    if ni != n_in:
+        given = {t["index"] for t in req["inputs"][:ni]}
+        missing = [s.name for k, s in enumerate(m.inputs) if k not in given]
+        if missing:
+            return refuse("2", f"missing input '{missing[0]}' (expects {n_in} inputs, got {ni})")
+        return refuse("2", f"expects {n_in} inputs, got {ni}")
+    seen, rows = set(), None
+    for t in req["inputs"][:ni]:
+        refusal, name = entry(t, "input", seen)
+        if refusal:
+            return refusal
+        s = m.inputs[t["index"]]
+        if t["dtype"] != s.dtype:
+            return refuse("5", f"{name} has data type {dtype_name(t['dtype'])}, "
+                          f"expected {dtype_name(s.dtype)}")
+        ndim = len(s.dims) + batched
+        if t["ndim"] != ndim:
+            return refuse("6", f"{name} has {t['ndim']} dimensions, expected {ndim}"
+                          + (" (batch dimension first)" if batched else ""))
+        shape = t["shape"][:ndim]
+        for d in shape:
+            if d < 0:
+                return refuse("7", f"{name} has negative dimension {d}")
+        if batched:
+            if not 1 <= shape[0] <= m.max_batch_size:
+                return refuse("8", f"{name} batch size {shape[0]} outside 1..{m.max_batch_size}")
+            if rows is not None and shape[0] != rows:
+                return refuse("9", f"{name} batch size {shape[0]} differs from {rows}")
+            rows = shape[0]
+        for d, want in enumerate(s.dims, start=batched):
+            if want >= 0 and shape[d] != want:
+                return refuse("10", f"{name} dimension {d} is {shape[d]}, expected {want}")
+        if outside(t):
+            return refuse("11", f"{name} data [{t['offset']}, +{t['nbytes']}) is outside the "
+                          "caller's arena")
+        need = tensor_bytes(t["dtype"], shape)
+        if need == U64:  # an overflow, or exactly 2^64 - 1 bytes: the C code cannot tell
+            return refuse("12", f"{name} shape overflows")
+        if (t["nbytes"] < need) if t["dtype"] == BYTES else (t["nbytes"] != need):
+            return refuse("13", f"{name} holds {t['nbytes']} bytes, its shape needs "
+                          + ("at least " if t["dtype"] == BYTES else "") + str(need))
+    out_seen = set()
+    for t in req["outputs"][:no]:
+        refusal, name = entry(t, "output", out_seen)
+        if refusal:
+            return refusal
+        if outside(t):
+            return refuse("16", f"{name} buffer [{t['offset']}, +{t['nbytes']}) is outside the "
+                          "caller's arena")
+    if no == 0:
+        return refuse("17", "request names no output buffer")
+    return Status.OK, "OK", ""
