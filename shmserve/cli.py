@@ -26,6 +26,7 @@ def cmd_serve(args) -> int:
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
+                            idle_check_ms=args.idle_check_ms,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper(), group=args.group))
 
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                         "they sleep on a futex; 0 = sleep at once")
     s.add_argument("--max-spin-us", type=int, default=200,
                    help="longest adaptive spin, used while requests arrive that often")
+    s.add_argument("--idle-check-ms", type=int, default=100,
+                   help="how often an idle batcher checks that the coordinator lives; requests "
+                        "never wait for it (a worker going idle rings the batcher)")
     s.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics (Triton's families) on this port")
     s.add_argument("--metrics-address", default="127.0.0.1",

@@ -190,3 +190,22 @@ def test_a_policy_must_implement_the_whole_interface():
 def test_no_applicable_policy_is_an_error():
     with pytest.raises(ValueError, match="no scheduling policy"):
         make_scheduler(spec(), (Lifo,))
+
+
+def test_burst_from_one_caller_is_not_held_by_a_timer(server_factory):
+    """Issue 11's bug: 4 requests of 8 rows on `simple` (max_batch_size 8, one instance)
+    submitted at once. The instance gets the first batch while it is idle; the rest must
+    follow as soon as it goes idle again (the worker rings the batcher), not on the
+    batcher's idle tick. The tick is set to 10 minutes here, so a backlog held by it
+    would trip the watchdog instead of passing slowly."""
+    import numpy as np
+
+    server = server_factory(models=("simple",), args=["--idle-check-ms", "600000"])
+    c = server.client(arena_bytes=1 << 20)
+    a = np.ones((8, 16), np.int32)
+    for _ in range(20):
+        futures = [c.submit("simple", {"INPUT0": a, "INPUT1": a}, copy=True) for _ in range(4)]
+        for f in futures:
+            assert (f.result(timeout=30)["OUTPUT0"] == 2).all()
+    stats = c.statistics("simple")[0]
+    assert stats["batch_requests"] == {"1": 80}  # each request alone: 8 rows fill a batch

@@ -18,7 +18,7 @@ from .repository import ModelSpec
 from .scheduling import Pending, Rejection, Scheduler, make_scheduler
 
 L = LAYOUT
-IDLE_CHECK_NS = 100_000_000  # wake at least this often to notice a dead coordinator
+IDLE_CHECK_MS = 100  # an idle batcher checks its coordinator this often (--idle-check-ms)
 
 
 def earliest(a: int | None, b: int | None) -> int | None:
@@ -38,6 +38,7 @@ class Model:
 class Batcher:
     def __init__(self, boot: dict):
         self.maps = ServerMaps(boot)
+        self.idle_check_ns = int(boot.get("idle_check_ms", IDLE_CHECK_MS) * 1_000_000)
         self.models: list[Model] = []
         for model_id, d in enumerate(boot["models"]):
             spec = ModelSpec.from_dict(d)
@@ -63,14 +64,13 @@ class Batcher:
                 for r in expired:
                     self.intake.reject(m.model_id, r)
                 deadline = earliest(deadline, expires)
-            busy, retired = [], 0
+            busy, waiting_for_more = [], False
             for w in m.workers:
                 mb = layout.mailbox(w)
                 pid = srv.load32(mb + L["mailbox.pid"])
                 if pid == MAILBOX_RETIRED:  # its last batch has nobody else to answer it
                     self.maps.fail_batch(w, m.model_id, f"model '{m.spec.name}': the instance "
                                          "executing this request crash-looped and was retired")
-                    retired += 1
                     continue
                 if not len(s):
                     continue
@@ -80,9 +80,16 @@ class Batcher:
                 batch, wait_until = s.next_batch(now)
                 if batch is None:
                     deadline = earliest(deadline, wait_until)
+                    # An idle instance takes it by the deadline; with none, the policy
+                    # waits for an event, a worker going idle among them.
+                    waiting_for_more = wait_until is not None
                     break
                 self.hand_over(m, w, batch, now)
-            if len(s) and busy and len(busy) == len(m.workers) - retired:
+                busy.append(mb)  # now busy too: it must ring us when done
+            if len(s) and busy and not waiting_for_more:
+                # Requests are left and every live instance is busy (some just got a
+                # batch): each must ring the doorbell when it goes idle, or the rest
+                # would wait for the idle tick.
                 # SYNC POINT: pairs with the worker's store of IDLE then load of
                 # batcher_waiting: either it rings us, or we see it idle here.
                 for mb in busy:
@@ -130,7 +137,7 @@ class Batcher:
             # come back when a stalled claim's grace ends
             deadline = earliest(deadline, intake.stall_ends())
             # 4. sleep until rung, or until the deadline
-            timeout = IDLE_CHECK_NS if deadline is None else max(0, deadline - now_ns())
+            timeout = self.idle_check_ns if deadline is None else max(0, deadline - now_ns())
             # Spin only while no worker computes: then the next event is a new request
             # we want to catch at once; under load the CPU is better left to the workers.
             busy = any(self.maps.srv.load32(off) for off in states)

@@ -40,6 +40,7 @@ class ServeOptions:
     spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
     max_spin_us: int = 200  # ... and up to this long when requests come that often
     load_timeout_s: float = 120.0
+    idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
     log_level: str = "INFO"
@@ -135,6 +136,7 @@ class Coordinator(ControlPlane, Supervisor):
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
+                "idle_check_ms": self.opts.idle_check_ms,
                 "coordinator_pid": os.getpid(),
                 "log_level": self.opts.log_level, **extra}
 
