@@ -301,3 +301,33 @@ def test_tensor_refs_carry_memory_kind_and_device():
     assert kinds == [0, P.MemoryKind.CUDA_IPC | (3 << 16)]  # memory_kind u16, device_id u16
     with pytest.raises(OverflowError, match="device_id"):
         ops.write_request(0, 2, 0, [P.TensorRef((0, 11, 4096, 16, (1, 4), 0, 1 << 16))], [])
+
+
+def test_release_while_another_thread_waits_is_deferred():
+    """A thread sleeps in doorbell_wait (the GIL released) while another releases the
+    mapping, as Client.close() from another thread does: the memory stays mapped until
+    the wait is out, and the mapping is released then."""
+    import threading
+
+    mm = mmap.mmap(-1, 4096)
+    ops = _core.Mapping(mm)
+    started = threading.Event()
+    result = []
+
+    def wait():
+        started.set()
+        result.append(ops.doorbell_wait(0, 4, 0, 0, 300_000_000))  # nobody rings: times out
+
+    t = threading.Thread(target=wait)
+    t.start()
+    started.wait()
+    while not ops.load32(4):  # the waiter announced itself asleep on the futex
+        pass
+    ops.release()
+    with pytest.raises(BufferError):  # the waiter's use keeps the buffer exported
+        mm.close()
+    t.join(10)
+    assert result == [False]
+    with pytest.raises(ValueError, match="released"):
+        ops.load32(0)
+    mm.close()  # now nothing holds it

@@ -19,7 +19,15 @@ typedef struct {
   Py_buffer view;
   char *base;
   uint64_t size;
+  int in_use;          /* calls running on the memory without the GIL */
+  int release_pending; /* release() came while in_use: done by the last of them */
 } Mapping;
+
+/* Around a call that uses the mapping's memory with the GIL released (a futex wait, a
+ * push with retries, a large copy): a release() meanwhile (another thread closing the
+ * client) is deferred until the call is out, so the memory is never unmapped under it. */
+void shms_py_enter(Mapping *m);
+void shms_py_leave(Mapping *m);
 
 extern PyTypeObject MappingType;
 extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple */

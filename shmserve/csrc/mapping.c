@@ -4,11 +4,28 @@
  */
 #include "core.h"
 
-static PyObject *mapping_release(Mapping *self, PyObject *unused) {
+static void drop_buffer(Mapping *self) {
   if (self->base) PyBuffer_Release(&self->view);
   self->base = NULL;
   self->size = 0;
+}
+
+static PyObject *mapping_release(Mapping *self, PyObject *unused) {
+  if (self->in_use) {
+    self->release_pending = 1;
+    Py_RETURN_NONE;
+  }
+  drop_buffer(self);
   Py_RETURN_NONE;
+}
+
+void shms_py_enter(Mapping *m) { m->in_use++; }
+
+void shms_py_leave(Mapping *m) {
+  if (--m->in_use == 0 && m->release_pending) {
+    m->release_pending = 0;
+    drop_buffer(m);
+  }
 }
 
 void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t align) {
@@ -115,8 +132,11 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, off), *s = ATOMIC32(self, soff);
   if (!w || !s) return NULL;
   int moved;
+  shms_py_enter(self);
   Py_BEGIN_ALLOW_THREADS moved = shms_doorbell_wait(w, s, seen, spin_ns, timeout_ns);
-  Py_END_ALLOW_THREADS return PyBool_FromLong(moved);
+  Py_END_ALLOW_THREADS
+  shms_py_leave(self);
+  return PyBool_FromLong(moved);
 }
 
 /* ---------------------------------------------------------------- ring */
@@ -227,8 +247,10 @@ static PyObject *m_put(Mapping *self, PyObject *args) {
   char *dst = (char *)shms_py_at(self, off, (uint64_t)src.len, 0);
   if (dst) {
     if (src.len > (1 << 16)) {
+      shms_py_enter(self);
       Py_BEGIN_ALLOW_THREADS memcpy(dst, src.buf, (size_t)src.len);
       Py_END_ALLOW_THREADS
+      shms_py_leave(self);
     } else {
       memcpy(dst, src.buf, (size_t)src.len);
     }

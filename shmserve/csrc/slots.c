@@ -370,8 +370,10 @@ static PyObject *m_push_request(Mapping *self, PyObject *args) {
   if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   int rc;
   /* Retries sleep (a full ring): other threads of the caller go on meanwhile. */
+  shms_py_enter(self);
   Py_BEGIN_ALLOW_THREADS rc = shms_push_request(&r, owner, slot, gen, call_lease_alive, check);
   Py_END_ALLOW_THREADS
+  shms_py_leave(self);
   if (rc < 0) return NULL; /* check() raised */
   return PyLong_FromLong(rc);
 }
