@@ -31,21 +31,44 @@ def cmd_serve(args) -> int:
                             log_level=args.log_level.upper(), group=args.group))
 
 
+def format_models(models: list[dict], statistics: list[dict]) -> str:
+    """The `shmserve models` table: one line per model version, the state word in
+    full (READY, LOADING, UNAVAILABLE; the column is as wide as the widest), requests
+    answered OK and with an error, executions and batches by number of requests; the
+    reason of a state that has one on its own line below."""
+    stats = {(s["name"], s["version"]): s for s in statistics}
+    head = ["model", "version", "state", "backend", "max_batch", "success", "failure",
+            "executions"]
+    right = {"version", "max_batch", "success", "failure", "executions"}
+    rows, notes = [], []
+    for m in models:
+        s = stats.get((m["name"], m["version"]), {})
+        state, _, reason = m["state"].partition(":")
+        hist = " ".join(f"{k}:{v}" for k, v in sorted(s.get("batch_requests", {}).items(),
+                                                      key=lambda kv: int(kv[0])))
+        rows.append([m["name"], str(m["version"]), state.strip(), m["platform"],
+                     str(m["max_batch_size"]), str(s.get("request_success", 0)),
+                     str(s.get("request_failure", 0)), str(s.get("execution_count", 0)), hist])
+        notes.append(reason.strip())
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
+
+    def line(cells: list[str]) -> str:
+        cols = [c.rjust(w) if h in right else c.ljust(w) for c, w, h in zip(cells, widths, head)]
+        return ("  ".join(cols) + "  " + cells[-1]).rstrip()
+
+    out = [line(head + ["batches by size"])]
+    for row, note in zip(rows, notes):
+        out.append(line(row))
+        if note:
+            out.append(f"    reason: {note}")
+    return "\n".join(out)
+
+
 def cmd_models(args) -> int:
     from .client import Client
 
     with Client(args.name, arena_bytes=1 << 16) as c:
-        stats = {(s["name"], s["version"]): s for s in c.statistics()}
-        print(f"{'model':<20} {'version':>7}  {'state':<10} {'backend':<12} {'max_batch':>9} "
-              f"{'requests':>9} {'executions':>10}  batches by size")
-        for m in c.models():
-            s = stats.get((m["name"], m["version"]), {})
-            hist = " ".join(f"{k}:{v}" for k, v in sorted(s.get("batch_requests", {}).items(), key=lambda kv: int(kv[0])))
-            print(f"{m['name']:<20} {m['version']:>7}  {m['state'][:10]:<10} {m['platform']:<12} "
-                  f"{m['max_batch_size']:>9} {s.get('request_success', 0):>9} "
-                  f"{s.get('execution_count', 0):>10}  {hist}")
-            if not m["state"].startswith("READY"):
-                print(f"    {m['state']}")
+        print(format_models(c.models(), c.statistics()))
     return 0
 
 
