@@ -3,6 +3,8 @@ rules, the default policy, default_queue_policy, and the interface a new policy
 plugs into. Pure Python, no server."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from shmserve.protocol import Status
@@ -209,3 +211,176 @@ def test_burst_from_one_caller_is_not_held_by_a_timer(server_factory):
             assert (f.result(timeout=30)["OUTPUT0"] == 2).all()
     stats = c.statistics("simple")[0]
     assert stats["batch_requests"] == {"1": 80}  # each request alone: 8 rows fill a batch
+
+
+# -- instance balancing (issue 11): several idle instances share what is ready --------
+
+
+def balancing(mode="balanced", **kw) -> ModelSpec:
+    return dataclasses.replace(spec(**kw), instance_balancing=mode)
+
+
+def sizes(batches) -> list[int]:
+    return [sum(p.rows for p in b) for b in batches]
+
+
+def singles(n, key=b"a", at_us=0):
+    return [(1, key, at_us)] * n
+
+
+def test_two_idle_instances_share_a_full_queue_in_balanced_batches():
+    q = queue(balancing(max_batch=32, delay_us=10_000), *singles(32))
+    batches, deadline = q.next_batches(0, 2)
+    assert sizes(batches) == [16, 16] and deadline is None and len(q) == 0
+    assert shadows(batches[0] + batches[1]) == list(range(32))  # arrival order kept
+
+
+def test_greedy_gives_the_first_idle_instance_everything():
+    q = queue(balancing("greedy", max_batch=32, delay_us=10_000), *singles(32))
+    batches, deadline = q.next_batches(0, 2)
+    assert sizes(batches) == [32] and deadline is None and len(q) == 0
+
+
+def test_balancing_is_the_default():
+    assert spec().instance_balancing == "balanced"
+    q = queue(spec(max_batch=32, delay_us=0), *singles(32))
+    assert sizes(q.next_batches(0, 2)[0]) == [16, 16]
+
+
+@pytest.mark.parametrize("n, max_batch, idle, want", [
+    (33, 32, 2, [17, 16]),
+    (5, 32, 3, [2, 2, 1]),
+    (40, 32, 2, [20, 20]),  # greedy: 32 and 8
+    (3, 32, 4, [1, 1, 1]),  # never an empty batch: one instance stays idle
+    (64, 32, 2, [32, 32]),
+    (70, 32, 2, [32, 32]),  # more than two instances' share: the rest is greedy's too
+])
+def test_uneven_splits(n, max_batch, idle, want):
+    q = queue(balancing(max_batch=max_batch, delay_us=0), *singles(n))
+    batches, _ = q.next_batches(0, idle)
+    assert sizes(batches) == want and len(q) == n - sum(want)
+    g = queue(balancing("greedy", max_batch=max_batch, delay_us=0), *singles(n))
+    assert len(g) - sum(sizes(g.next_batches(0, idle)[0])) == len(q)  # the same left behind
+
+
+def test_balancing_only_splits_what_greedy_sends_now():
+    """40 rows, max 32, a long queue delay: greedy sends the full 32 and holds 8 until
+    the delay; balanced sends the same 32 to 3 idle instances (11 + 11 + 10) and holds
+    the same 8 until the same deadline."""
+    for mode, want in (("greedy", [32]), ("balanced", [11, 11, 10])):
+        q = queue(balancing(mode, max_batch=32, delay_us=1000), *singles(40))
+        batches, deadline = q.next_batches(10 * US, 3)
+        assert sizes(batches) == want and deadline == 1000 * US
+        assert shadows(q.queue) == list(range(32, 40))
+
+
+def test_nothing_ready_means_no_batch_for_any_instance():
+    q = queue(balancing(max_batch=32, delay_us=1000), *singles(20))
+    assert q.next_batches(10 * US, 2) == ([], 1000 * US) and len(q) == 20
+
+
+def test_one_idle_instance_gets_greedys_batch():
+    q = queue(balancing(max_batch=32, delay_us=0), *singles(32))
+    assert sizes(q.next_batches(0, 1)[0]) == [32]
+
+
+def test_a_preferred_size_batch_is_not_split():
+    q = queue(balancing(max_batch=32, delay_us=0, preferred=(32,)), *singles(32))
+    assert sizes(q.next_batches(0, 2)[0]) == [32]
+    q = queue(balancing(max_batch=8, delay_us=0, preferred=(4,)), *singles(6))
+    assert sizes(q.next_batches(0, 2)[0]) == [4, 2]  # 4 kept; the rest balanced alone
+    q = queue(balancing(max_batch=16, delay_us=0, preferred=(4, 8)), *singles(16))
+    assert sizes(q.next_batches(0, 2)[0]) == [8, 8]
+
+
+def test_shape_keys_never_mix_and_spare_instances_go_to_the_largest_share():
+    reqs = [(1, b"a" if i % 6 else b"b", i) for i in range(12)]  # b at 0 and 6, a else
+    q = queue(balancing(max_batch=32, delay_us=0), *reqs)
+    batches, _ = q.next_batches(20 * US, 3)
+    assert [{p.key for p in b} for b in batches] == [{b"b"}, {b"a"}, {b"a"}]
+    assert sizes(batches) == [2, 5, 5] and len(q) == 0
+    for b in batches:
+        assert shadows(b) == sorted(shadows(b))
+
+
+def test_multi_row_requests_are_split_within_max_batch_size():
+    q = queue(balancing(max_batch=32, delay_us=0), (8, b"a", 0), (8, b"a", 0), (8, b"a", 0))
+    assert sizes(q.next_batches(0, 2)[0]) == [16, 8]
+    q = queue(balancing(max_batch=32, delay_us=0), (20, b"a", 0), (20, b"a", 0), (20, b"a", 0))
+    batches, _ = q.next_batches(0, 2)  # one instance each; the third request waits
+    assert sizes(batches) == [20, 20] and len(q) == 1
+
+
+def test_every_policy_answers_next_batches():
+    q = queue(spec(dynamic=False), *singles(2))
+    batches, deadline = q.next_batches(0, 3)
+    assert [shadows(b) for b in batches] == [[0], [1]] and deadline is None
+    lifo = make_scheduler(spec(parameters={"test.policy": "lifo"}), (Lifo, *POLICIES))
+    for i in range(3):
+        lifo.enqueue(pending(i))
+    assert [shadows(b) for b in lifo.next_batches(0, 2)[0]] == [[2], [1]] and len(lifo) == 1
+
+
+def test_instance_balancing_parameter_is_read_and_checked(tmp_path):
+    from helpers import IDENTITY_CODE, python_config, write_model
+
+    from shmserve.errors import ConfigError
+    from shmserve.server.repository import load_model
+
+    def model(name, value):
+        extra = ("" if value is None else 'parameters { key: "shmserve.instance_balancing" '
+                 f'value {{ string_value: "{value}" }} }}')
+        return write_model(tmp_path, name, python_config(name, extra=extra), IDENTITY_CODE)
+
+    assert load_model(model("a", None))[0].instance_balancing == "balanced"
+    assert load_model(model("b", "greedy"))[0].instance_balancing == "greedy"
+    assert load_model(model("c", "Balanced"))[0].instance_balancing == "balanced"
+    with pytest.raises(ConfigError) as e:
+        load_model(model("d", "round-robin"))
+    assert str(tmp_path / "d" / "config.pbtxt") in str(e.value)
+    assert "shmserve.instance_balancing" in str(e.value) and "round-robin" in str(e.value)
+
+
+# A python model of 2 instances whose every row answers [rows in its batch, its pid].
+RECORDER_CODE = '''
+import os
+import numpy as np
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        n = len(inputs["INPUT0"])
+        return {"OUTPUT0": np.tile(np.array([[n, os.getpid()]], np.int64), (n, 1))}
+'''
+
+
+@pytest.mark.parametrize("mode", ["balanced", "greedy"])
+def test_a_burst_is_shared_by_two_idle_instances(server_factory, mode):
+    """32 single-row requests at once on a model of 2 instances, max_batch_size 32 and a
+    long queue delay: the batch goes when the 32nd arrives (full), both instances idle.
+    Balanced, each instance gets 16; greedy (Triton), one gets all 32."""
+    import numpy as np
+    from helpers import python_config, write_model
+
+    def setup(repo):
+        write_model(repo, "recorder", python_config(
+            "recorder", "FP32", (-1,), max_batch_size=32, out_dtype="INT64", out_dims=(2,),
+            dynamic_batching="{ max_queue_delay_microseconds: 5000000 }",
+            extra='instance_group [ { count: 2 kind: KIND_CPU } ]\n'
+                  f'parameters {{ key: "shmserve.instance_balancing" value {{ string_value: "{mode}" }} }}'),
+            RECORDER_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client(arena_bytes=1 << 20)
+    x = np.ones((1, 4), np.float32)
+    for _ in range(3):
+        futures = [c.submit("recorder", {"INPUT0": x}, copy=True) for _ in range(32)]
+        rows = [tuple(f.result(timeout=30)["OUTPUT0"][0]) for f in futures]
+        per_instance = {}
+        for n, pid in rows:
+            per_instance.setdefault(pid, set()).add(n)
+        if mode == "balanced":
+            assert len(per_instance) == 2 and all(v == {16} for v in per_instance.values())
+        else:
+            assert list(per_instance.values()) == [{32}]
+    want = {"16": 6} if mode == "balanced" else {"32": 3}
+    assert c.statistics("recorder")[0]["batch_requests"] == want

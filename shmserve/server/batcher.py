@@ -64,7 +64,7 @@ class Batcher:
                 for r in expired:
                     self.intake.reject(m.model_id, r)
                 deadline = earliest(deadline, expires)
-            busy, waiting_for_more = [], False
+            busy, idle = [], []
             for w in m.workers:
                 mb = layout.mailbox(w)
                 pid = srv.load32(mb + L["mailbox.pid"])
@@ -76,16 +76,21 @@ class Batcher:
                     continue
                 if srv.load32(mb + L["mailbox.state"]) != MailboxState.IDLE or pid == 0:
                     busy.append(mb)
-                    continue
-                batch, wait_until = s.next_batch(now)
-                if batch is None:
+                else:
+                    idle.append(w)
+            waiting_for_more = False
+            if len(s) and idle:
+                # One call for all idle instances, so that a policy can share the queue
+                # among them (balanced batches) instead of filling the first.
+                batches, wait_until = s.next_batches(now, len(idle))
+                for w, batch in zip(idle, batches):
+                    self.hand_over(m, w, batch, now)
+                    busy.append(layout.mailbox(w))  # now busy too: it must ring us when done
+                if len(batches) < len(idle):
                     deadline = earliest(deadline, wait_until)
                     # An idle instance takes it by the deadline; with none, the policy
                     # waits for an event, a worker going idle among them.
                     waiting_for_more = wait_until is not None
-                    break
-                self.hand_over(m, w, batch, now)
-                busy.append(mb)  # now busy too: it must ring us when done
             if len(s) and busy and not waiting_for_more:
                 # Requests are left and every live instance is busy (some just got a
                 # batch): each must ring the doorbell when it goes idle, or the rest

@@ -41,6 +41,13 @@ class TensorSpec:
 # and a batch whose worker dies is run once more by its successor instead of failing.
 RETRY_PARAMETER = "shmserve.retry_on_worker_crash"
 
+# How a model's queue is shared by several idle instances (scheduling/dynamic.py):
+#   parameters { key: "shmserve.instance_balancing" value { string_value: "greedy" } }
+# "balanced" (default) splits what is ready to go into near-equal batches, one per idle
+# instance; "greedy" is Triton's rule: the first idle instance takes all it can.
+BALANCING_PARAMETER = "shmserve.instance_balancing"
+BALANCED, GREEDY = "balanced", "greedy"
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -60,6 +67,7 @@ class ModelSpec:
     retry_on_worker_crash: bool = False  # re-run a batch once if its worker died in it
     max_queue_size: int = 0  # dynamic_batching.default_queue_policy; 0: unbounded (all slots)
     queue_timeout_us: int = 0  # ... default_timeout_microseconds with REJECT; 0: none
+    instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -191,6 +199,10 @@ def load_model(model_dir: Path) -> list[ModelSpec]:
     if retry not in ("true", "false"):
         raise ConfigError(f'{where}: parameters "{RETRY_PARAMETER}" must be "true" or "false", '
                           f"got {params[RETRY_PARAMETER]!r}")
+    balancing = params.get(BALANCING_PARAMETER, BALANCED).strip().lower()
+    if balancing not in (BALANCED, GREEDY):
+        raise ConfigError(f'{where}: parameters "{BALANCING_PARAMETER}" must be "{BALANCED}" or '
+                          f'"{GREEDY}", got {params[BALANCING_PARAMETER]!r}')
     policy = cfg.dynamic_batching.default_queue_policy
     reject = policy.timeout_action == mc.ModelQueuePolicy.REJECT
     return [
@@ -200,7 +212,8 @@ def load_model(model_dir: Path) -> list[ModelSpec]:
                   max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
                   parameters=params, config_text=text_format.MessageToString(cfg),
                   retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),
-                  queue_timeout_us=int(policy.default_timeout_microseconds) if reject else 0)
+                  queue_timeout_us=int(policy.default_timeout_microseconds) if reject else 0,
+                  instance_balancing=balancing)
         for v in _versions(model_dir, cfg, model_file, where)
     ]
 

@@ -16,10 +16,14 @@ policy needs no locks.
        request held is returned and the batcher answers each UNAVAILABLE;
     2. expire(now_ns): requests that waited too long come back as Rejections, with
        the time of the next expiry (or None); the batcher answers them;
-    3. next_batch(now_ns) once per idle instance worker, until it returns no batch:
-       (batch, None) hands that batch to the worker; (None, deadline) means wait, and
-       the loop runs again by deadline without being rung; (None, None) means nothing
-       can go until something happens (a new request, a worker going idle).
+    3. next_batches(now_ns, idle) once, idle being how many of its instance workers
+       are idle: up to `idle` batches, each handed to one of them, and, when fewer,
+       a deadline: a time means wait, and the loop runs again by then without being
+       rung; None means nothing can go until something happens (a new request, a
+       worker going idle). The base class answers it with next_batch(now_ns) once per
+       idle instance until that returns no batch ((batch, None) or (None, deadline)),
+       Triton's greedy rule; a policy that plans across instances overrides it
+       (dynamic.py balances the batches, unless shmserve.instance_balancing is greedy).
   A scheduler is only asked again when the loop runs: on a doorbell (a new request,
   an idle worker), on the earliest deadline it returned, or on the idle tick.
 

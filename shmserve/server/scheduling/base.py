@@ -53,6 +53,20 @@ class Scheduler(abc.ABC):
         """(batch, None) to run now; (None, deadline_ns) to wait until then at the
         latest; (None, None) when nothing can go before something new happens."""
 
+    def next_batches(self, now_ns: int, idle: int) -> tuple[list[list[Pending]], int | None]:
+        """Batches for `idle` idle instances at once (the batcher's call): at most `idle`
+        of them, each to run now, and, when fewer than `idle`, the deadline of
+        next_batch's (None, deadline) for the rest. This default asks next_batch once per
+        instance (Triton's greedy rule); a policy that plans across instances (balancing)
+        overrides it."""
+        batches: list[list[Pending]] = []
+        while len(batches) < idle:
+            batch, deadline = self.next_batch(now_ns)
+            if batch is None:
+                return batches, deadline
+            batches.append(batch)
+        return batches, None
+
     @abc.abstractmethod
     def expire(self, now_ns: int) -> tuple[list[Rejection], int | None]:
         """The requests that waited too long, to answer, and when the next expires."""
