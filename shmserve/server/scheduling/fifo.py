@@ -1,6 +1,7 @@
 """FifoQueue: the base of the policies that hold one queue in arrival order, with
 Triton's default_queue_policy (max_queue_size, default_timeout_microseconds with
-REJECT). Subclasses decide only next_batch."""
+REJECT). Subclasses decide next_batch (and may override next_batches to plan across
+idle instances, as dynamic.py does)."""
 from __future__ import annotations
 
 import collections
