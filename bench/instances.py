@@ -2,7 +2,7 @@
 """Instances (issue 11): 2 instances x 1 thread against 1 instance x 2 threads, and
 balanced against greedy (Triton's rule) sharing of the queue, on a compute-bound model.
 
-    .venv/bin/python bench/instances.py            # about 2 minutes on 2 cores
+    .venv/bin/python bench/instances.py            # about a minute on 2 cores
     .venv/bin/python bench/instances.py --hidden 512 --window-ms 500   # quicker look
 
 The model (written here with onnx.helper): X [N, 256] FP32 -> MatMul 256x1024 -> Relu ->
