@@ -3,6 +3,7 @@ no /dev/shm space, bad repositories, worker crashes. Each test has servers of it
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
 import stat
@@ -495,3 +496,71 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
     assert seg.ops is not None and seg.ops.load64(0) == LAYOUT["MAGIC_ARENA"]  # still usable
     maps.drop_ended_leases()
     assert seg.ops is None
+
+
+PRINTING_CODE = """
+import sys
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        print("hello from initialize")  # stdout: the log, not the load handshake
+        print("and a line on stderr", file=sys.stderr)
+
+    def execute(self, inputs):
+        print("executing a batch of", len(inputs["INPUT0"]))
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
+
+def test_model_prints_go_to_the_log_not_the_handshake(server_factory):
+    """A print() in initialize() used to be read as the worker's load report: the
+    start hung forever. Model output now lands in the server's log."""
+    def setup(repo):
+        helpers.write_model(repo, "printer", helpers.python_config("printer"), PRINTING_CODE)
+
+    server = server_factory(models=("identity",), setup=setup)
+    with server.client() as c:
+        assert {m["name"]: m["state"] for m in c.models()}["printer"] == "READY"
+        x = np.ones((1, 3), np.float32)
+        np.testing.assert_array_equal(c.infer("printer", [x])["OUTPUT0"], x)
+    wait_until(lambda: "executing a batch of 1" in server.log(), 10, "the model's print in the log")
+    log = server.log()
+    assert "hello from initialize" in log and "and a line on stderr" in log, log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT, signal.SIGTERM])
+def test_every_stop_signal_stops_cleanly(server_factory, sig):
+    server = server_factory(models=("identity",))
+    with server.client() as c:
+        assert_serving(c)
+    assert server.stop(sig) == 0
+    assert server.segments() == [] and server.members() == []
+    assert "Traceback" not in server.log(), server.log()
+
+
+def test_stop_signal_while_a_model_loads_cleans_up(server_factory):
+    """SIGTERM while a model hangs in initialize(): the server stops its children and
+    removes its segments (the default action of the signal used to kill it first)."""
+    def setup(repo):
+        helpers.write_model(repo, "hangs", helpers.python_config("hangs"), """
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(600)
+
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+""")
+
+    server = server_factory(models=(), setup=setup, args=["--load-timeout", "600"], start=False)
+    with pytest.raises(RuntimeError, match="not ready"):
+        server.start(timeout=3)  # the model hangs: no control socket yet
+    wait_until(lambda: server.record_path.exists(), 10, "the server's record")
+    prefix = json.loads(server.record_path.read_text())["prefix"]
+    wait_until(lambda: helpers.shm_entries(prefix), 10, "the server's segment")
+    assert server.stop(signal.SIGTERM) == 0
+    assert helpers.shm_entries(prefix) == [] and server.members() == []
+    assert "while starting: stopping" in server.log(), server.log()

@@ -27,6 +27,7 @@ from .segments import (ServerLayout, control_size, create_named, create_sealed,
                        write_record)
 
 log = logging.getLogger("shmserve.coordinator")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # each stops cleanly
 
 
 @dataclasses.dataclass
@@ -181,7 +182,7 @@ class Coordinator(ControlPlane, Supervisor):
     async def serve(self, ready_fd: int | None = None) -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, stop.set)
         server = await asyncio.start_unix_server(self.on_connection, path=str(self.sock_path))
         os.chmod(self.sock_path, 0o600)
@@ -217,10 +218,22 @@ class Coordinator(ControlPlane, Supervisor):
             metrics[0].shutdown()
 
 
+class StopRequested(Exception):
+    """A stop signal came before the server was serving (while models load)."""
+
+
+def _stop_while_starting(signum, frame) -> None:
+    raise StopRequested(signal.Signals(signum).name)
+
+
 def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
-    """Runs a server until SIGINT/SIGTERM. Returns a process exit code."""
+    """Runs a server until SIGINT, SIGTERM or SIGHUP. Returns a process exit code."""
     logging.basicConfig(level=opts.log_level, format="[shmserve] %(message)s")
     coord = Coordinator(opts)
+    # Until the event loop takes them over, a stop signal unwinds through shutdown()
+    # (the default action would kill the process and leave its segments behind).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_while_starting)
     try:
         if opts.group is not None:
             try:
@@ -244,5 +257,10 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
     except PermissionError as e:  # --group the server's user is not a member of
         log.error("%s", e)
         return 2
+    except StopRequested as e:
+        log.info("%s while starting: stopping", e)
+        return 0
     finally:
+        for sig in STOP_SIGNALS:  # a second signal during clean-up must not cut it short
+            signal.signal(sig, signal.SIG_IGN)
         coord.shutdown()

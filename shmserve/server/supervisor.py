@@ -9,10 +9,12 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import select
 import subprocess
 import sys
 import time
+import typing
 
 from .. import protocol as P
 from ..protocol import LAYOUT as L
@@ -29,26 +31,37 @@ class Child:
     restarts: int = 0
     exits: list = dataclasses.field(default_factory=list)  # monotonic times of recent exits
     retired: bool = False
+    handshake: typing.BinaryIO | None = None  # the read end of a starting worker's report
 
 
 class Supervisor:
     def spawn(self, child: Child, handshake: bool = False) -> None:
-        """Starts a child; with handshake, its stdout is a pipe on which a worker says
-        whether its model loaded (read by start_children)."""
-        child.proc = subprocess.Popen([sys.executable, "-m", f"shmserve.server.{child.role}"],
-                                      stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE if handshake else subprocess.DEVNULL)
-        child.proc.stdin.write((json.dumps(child.boot) + "\n").encode())
+        """Starts a child. Its stdout and stderr are the server's log (a model's print()
+        lands there). With handshake, a pipe of its own (boot "handshake_fd") carries the
+        worker's one-line report of whether its model loaded (read_handshake)."""
+        boot, keep = dict(child.boot), ()
+        if handshake:
+            read_end, write_end = os.pipe()
+            boot["handshake_fd"], keep = write_end, (write_end,)
+        try:
+            child.proc = subprocess.Popen(
+                [sys.executable, "-m", f"shmserve.server.{child.role}"], stdin=subprocess.PIPE,
+                stdout=sys.stderr.fileno(), pass_fds=keep)
+        finally:
+            for fd in keep:
+                os.close(fd)  # the child's copy is the only writer left
+        child.handshake = os.fdopen(read_end, "rb") if handshake else None
+        child.proc.stdin.write((json.dumps(boot) + "\n").encode())
         child.proc.stdin.close()
 
     def read_handshake(self, child: Child, deadline: float) -> dict:
         """A worker's one-line load report, or why there is none."""
-        ready, _, _ = select.select([child.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        ready, _, _ = select.select([child.handshake], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             child.proc.kill()
             child.proc.wait()
             return {"error": f"did not load within {self.opts.load_timeout_s:.0f} s"}
-        line = child.proc.stdout.readline()
+        line = child.handshake.readline()
         try:
             return json.loads(line) if line else {}
         except ValueError:
@@ -58,7 +71,7 @@ class Supervisor:
         deadline = time.monotonic() + self.opts.load_timeout_s
         for child in self.children:
             self.spawn(child, handshake=child.role == "worker")
-        # Workers say on stdout whether their model loaded.
+        # Workers say on their handshake pipe whether their model loaded.
         for child in self.children:
             if child.role != "worker":
                 continue
@@ -71,7 +84,8 @@ class Supervisor:
                 self.model_state[model_id] = f"UNAVAILABLE: {why}"
                 log.error("model '%s' version %d failed to load: %s",
                           self.specs[model_id].name, self.specs[model_id].version, why)
-            child.proc.stdout.close()
+            child.handshake.close()
+            child.handshake = None
         for model_id in range(len(self.specs)):
             ready = self.model_state.get(model_id) == "READY"
             self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))

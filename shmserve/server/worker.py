@@ -268,6 +268,15 @@ def _clip(message: str, limit: int = ERROR_BYTES - 1) -> str:
     return message.encode()[:limit].decode(errors="ignore")
 
 
+def report_load(boot: dict, message: dict) -> None:
+    """The one-line load report on the handshake pipe (none for a restarted worker:
+    nobody waits for it). stdout is the server's log, free for model code."""
+    fd = boot.get("handshake_fd")
+    if fd is not None:
+        with os.fdopen(fd, "w") as pipe:
+            pipe.write(json.dumps(message) + "\n")
+
+
 def main() -> None:
     boot = child_setup("worker")
     logging.basicConfig(level=boot.get("log_level", "INFO"),
@@ -276,10 +285,9 @@ def main() -> None:
     try:
         worker.load()
     except Exception as e:
-        print(json.dumps({"ready": False, "error": f"{type(e).__name__}: {e}"}), flush=True)
+        report_load(boot, {"ready": False, "error": f"{type(e).__name__}: {e}"})
         sys.exit(3)
-    print(json.dumps({"ready": True}), flush=True)
-    sys.stdout.close()
+    report_load(boot, {"ready": True})
     try:
         worker.serve_forever()
     finally:
