@@ -1,7 +1,9 @@
-"""The `shmserve` command: serve, models, infer."""
+"""The `shmserve` command: serve, models, infer, health."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import socket
 import sys
 import time
 
@@ -70,6 +72,106 @@ def cmd_models(args) -> int:
     with Client(args.name, arena_bytes=1 << 16) as c:
         print(format_models(c.models(), c.statistics()))
     return 0
+
+
+HEALTHY, UNHEALTHY, NO_SERVER = 0, 1, 2  # `shmserve health` exit codes
+
+
+class _NoServer(Exception):
+    """No server answered: not running, dead, refused, or silent past the timeout."""
+
+
+def _control_call(sock: socket.socket, request, deadline: float, name: str):
+    """One control request on a bare connection (no hello: no lease, no arena): its
+    typed reply or ErrorReply. Every wait is bounded by `deadline` (monotonic)."""
+    from . import protocol as P
+
+    def recv_exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout()
+            sock.settimeout(left)
+            chunk = sock.recv(n - len(buf))
+            if not chunk:
+                raise _NoServer(f"server '{name}' closed the control connection")
+            buf += chunk
+        return buf
+
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        sock.sendall(P.pack_frame(request))
+        (length,) = P.FRAME_HEADER.unpack(recv_exact(P.FRAME_HEADER.size))
+        if length > P.MAX_FRAME_BYTES:
+            raise _NoServer(f"server '{name}' sent a control frame of {length} bytes")
+        return P.decode_reply(request, P.unpack_body(recv_exact(length)))
+    except socket.timeout:
+        raise _NoServer(f"server '{name}' did not answer within the timeout") from None
+    except OSError as e:
+        raise _NoServer(f"server '{name}' is gone ({e.strerror or e})") from None
+    except ValueError as e:
+        raise _NoServer(f"server '{name}' sent a malformed reply ({e})") from None
+
+
+def check_health(name: str, ready: bool = False, model: str | None = None,
+                 version: int | None = None, timeout: float = 5.0) -> tuple[int, str]:
+    """(exit code, why) of Triton's health checks against server `name`: live = its
+    control socket answers; ready = live and every model (with `model`: that model,
+    the given version or the highest) is READY. Asks without a hello, so no lease is
+    opened and no arena made; the whole check takes at most `timeout` seconds."""
+    from . import protocol as P
+    from .client.request import version_key
+    from .segments import socket_path
+
+    deadline = time.monotonic() + timeout
+    path = str(socket_path(name, create=False))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            sock.settimeout(max(timeout, 1e-3))
+            sock.connect(path)
+        except socket.timeout:
+            return NO_SERVER, f"server '{name}' did not accept a connection within {timeout:g} s"
+        except OSError as e:
+            return NO_SERVER, f"no server '{name}' ({path}: {e.strerror or e})"
+        try:
+            if model is None:
+                reply = _control_call(sock, P.ListModels(), deadline, name)
+            else:
+                reply = _control_call(sock, P.GetMetadata(model, version_key(version)),
+                                      deadline, name)
+        except _NoServer as e:
+            return NO_SERVER, str(e)
+    finally:
+        sock.close()
+    if isinstance(reply, P.ErrorReply):
+        return UNHEALTHY, reply.error
+    if model is None and not ready:
+        return HEALTHY, f"server '{name}' is live"
+    rows = reply.models if model is None else [dataclasses.asdict(reply)]
+    down = [m for m in rows if m["state"] != "READY"]
+    if not down:
+        what = (f"model '{model}' version {rows[0]['version']}" if model is not None
+                else f"server '{name}' ({len(rows)} model{'s' * (len(rows) != 1)})")
+        return HEALTHY, f"{what} is ready"
+    first = down[0]
+    more = f" (and {len(down) - 1} more not ready)" if len(down) > 1 else ""
+    return UNHEALTHY, (f"not ready: model '{first['name']}' version {first['version']} is "
+                       f"{first['state']}{more}")
+
+
+def cmd_health(args) -> int:
+    if args.version is not None and args.model is None:
+        print("shmserve health: --version needs --model", file=sys.stderr)
+        return UNHEALTHY
+    code, why = check_health(args.name, ready=args.ready, model=args.model,
+                             version=args.version, timeout=args.timeout)
+    if code != HEALTHY:
+        print(f"shmserve health: {why}", file=sys.stderr)
+    elif not args.quiet:
+        print(why)
+    return code
 
 
 def _make_input(spec: dict, value: str, batch: int, max_batch: int, rng) -> np.ndarray:
@@ -169,6 +271,25 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("models", help="list loaded models, their state and statistics")
     m.add_argument("--name", default=DEFAULT_NAME)
     m.set_defaults(fn=cmd_models)
+
+    h = sub.add_parser(
+        "health", help="is the server live (or ready)? exit 0 yes, 1 not ready, 2 no server",
+        description="Triton's health checks, for probes and scripts: live = the server "
+                    "answers on its control socket; ready = live and every model (or the "
+                    "--model given) is READY. Exit status 0 healthy, 1 live but not ready "
+                    "(a model LOADING or UNAVAILABLE, an unknown model), 2 no server (not "
+                    "running, dead, refused, or no answer within --timeout). Opens no lease.")
+    h.add_argument("--name", default=DEFAULT_NAME)
+    h.add_argument("--ready", action="store_true",
+                   help="also require every model to be READY (Triton's /v2/health/ready)")
+    h.add_argument("--model", default=None,
+                   help="require this model to be READY (Triton's /v2/models/M/ready)")
+    h.add_argument("--version", type=int, default=None,
+                   help="with --model: this version (default the highest)")
+    h.add_argument("--timeout", type=float, default=5.0,
+                   help="seconds the whole check may take (default 5)")
+    h.add_argument("--quiet", "-q", action="store_true", help="print nothing when healthy")
+    h.set_defaults(fn=cmd_health)
 
     i = sub.add_parser("infer", help="send one request and print outputs and latency")
     i.add_argument("model")
