@@ -29,6 +29,7 @@ def cmd_serve(args) -> int:
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
+                            exit_timeout_s=args.exit_timeout_secs,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper(), group=args.group))
 
@@ -252,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                         "they sleep on a futex; 0 = sleep at once")
     s.add_argument("--max-spin-us", type=int, default=200,
                    help="longest adaptive spin, used while requests arrive that often")
+    s.add_argument("--exit-timeout-secs", type=float, default=30,
+                   help="on SIGINT/SIGTERM/SIGHUP, wait this long for requests in flight (new "
+                        "ones are refused meanwhile); a second signal stops at once")
     s.add_argument("--idle-check-ms", type=int, default=100,
                    help="how often an idle batcher checks that the coordinator lives; requests "
                         "never wait for it (a worker going idle rings the batcher)")

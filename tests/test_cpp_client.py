@@ -132,9 +132,10 @@ def test_cpp_and_python_clients_return_identical_bytes(cpp_build, main_server, c
 
 
 def test_cpp_client_sees_server_shutdown_as_an_error(cpp_build, server_factory):
+    # No drain: the requests still in flight when the server stops get the error.
     server = server_factory(models=("identity",), setup=lambda repo: write_model(
         repo, "sleeper", python_config("sleeper", "FP32", (-1,), dynamic_batching=None),
-        SLEEPER_CODE))
+        SLEEPER_CODE), args=["--exit-timeout-secs", "0"])
     proc = subprocess.Popen([str(cpp_build / "shmserve_cpp_tests"), "shutdown", "--socket",
                              str(server.socket_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -102,8 +102,10 @@ def test_request_after_server_stopped(server_factory):
         shmserve.Client(server.name)
 
 
-def test_request_in_flight_when_server_stops(server_factory):
-    server = server_factory(setup=with_sleeper)
+def test_request_in_flight_past_the_exit_timeout(server_factory):
+    """A stop waits --exit-timeout-secs for requests in flight; those still running
+    after it are answered as a dead server (the caller never hangs)."""
+    server = server_factory(setup=with_sleeper, args=["--exit-timeout-secs", "1"])
     c = server.client(arena_bytes=1 << 20)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         waiting = pool.submit(sleep_request, c, 30.0)
@@ -116,6 +118,24 @@ def test_request_in_flight_when_server_stops(server_factory):
         with pytest.raises(errors.ServerDeadError):
             future.result(timeout=15)
     assert server.proc.wait(15) == 0
+
+
+def test_stop_drains_requests_in_flight(server_factory):
+    """SIGTERM lets the requests the server holds finish (one running, one queued
+    behind it) and refuses new ones while it drains, then stops cleanly."""
+    server = server_factory(setup=with_sleeper)  # default --exit-timeout-secs: 30
+    c = server.client(arena_bytes=1 << 20)
+    running = c.submit("sleeper", [np.array([[1.0]], np.float32)])
+    queued = c.submit("sleeper", [np.array([[0.25, 7.0]], np.float32)])
+    wait_in_flight(server, c, SlotState.RUNNING, SlotState.QUEUED)
+    server.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "in flight, waiting" in server.log(), 10, "the server to start draining")
+    with pytest.raises(errors.UnavailableError, match="stopping"):
+        c.infer("identity", [np.ones((1, 4), np.float32)], timeout=10)
+    np.testing.assert_array_equal(running.result(timeout=20)["OUTPUT0"], [[1.0]])
+    np.testing.assert_array_equal(queued.result(timeout=20)["OUTPUT0"], [[0.25, 7.0]])
+    assert server.proc.wait(20) == 0
+    assert "unanswered" not in server.log(), server.log()
 
 
 # ---------------------------------------------------------------- crashes

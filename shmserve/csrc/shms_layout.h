@@ -356,7 +356,7 @@ typedef struct shms_server_header {
   uint32_t slots_per_client;
   uint32_t n_models;
   uint32_t n_workers;
-  uint32_t reserved;
+  SHMS_ATOMIC(uint32_t) draining; /* coordinator: nonzero once stopping; new requests refused */
   uint64_t clients_offset; /* shms_client_entry[max_clients] */
   uint64_t models_offset;  /* shms_model_entry[n_models] */
   uint64_t shadows_offset; /* shms_shadow[max_clients * slots_per_client] */
@@ -459,6 +459,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 80, "shms_server_header size");
   F(server, shms_server_header, max_clients)                                            \
   F(server, shms_server_header, slots_per_client)                                       \
   F(server, shms_server_header, n_models) F(server, shms_server_header, n_workers)      \
+  F(server, shms_server_header, draining)                                               \
   F(server, shms_server_header, clients_offset)                                         \
   F(server, shms_server_header, models_offset)                                          \
   F(server, shms_server_header, shadows_offset)                                         \

@@ -21,7 +21,7 @@ from ..segments import Segment, pid_alive, socket_path
 from .control import ControlPlane
 from .repository import ModelSpec, load_repository
 from .supervisor import Child, Supervisor
-from .segments import (ServerLayout, control_size, create_named, create_sealed,
+from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
                        resolve_group, share_with_group, unreachable_by_group,
                        write_record)
@@ -41,6 +41,7 @@ class ServeOptions:
     spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
     max_spin_us: int = 200  # ... and up to this long when requests come that often
     load_timeout_s: float = 120.0
+    exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
     idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
@@ -179,11 +180,41 @@ class Coordinator(ControlPlane, Supervisor):
                 record_path(self.opts.name).unlink(missing_ok=True)
         log.info("stopped; segments removed")
 
+    async def drain(self, force: asyncio.Event) -> None:
+        """Lets the requests in flight finish, at most --exit-timeout-secs: the batcher
+        refuses new ones (UNAVAILABLE, "the server is stopping") from the moment
+        server.draining is set; queued and running ones are answered as usual."""
+        # SYNC POINT: pairs with the batcher's load of draining in Intake.take.
+        self.server.ops.store32(L["server.draining"], 1)
+        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        deadline = time.monotonic() + self.opts.exit_timeout_s
+        left = self.in_flight()
+        if left:
+            log.info("stopping: %d request(s) in flight, waiting at most %.0f s "
+                     "(--exit-timeout-secs)", left, self.opts.exit_timeout_s)
+        while left and time.monotonic() < deadline and not force.is_set():
+            await asyncio.sleep(0.01)
+            left = self.in_flight()
+        if left:
+            log.warning("stopping with %d request(s) unanswered (%s)", left,
+                        "second signal" if force.is_set() else "exit timeout")
+
+    def in_flight(self) -> int:
+        """Requests of live leases the server holds (submitted, queued or running)."""
+        busy = (P.SlotState.SUBMITTED, P.SlotState.QUEUED, P.SlotState.RUNNING)
+        count = 0
+        for client_id, lease in self.leases.items():
+            layout = ArenaLayout(self.layout.slots_per_client, lease["arena"].size)
+            ops = lease["arena"].ops
+            count += sum(ops.load32(layout.slot(s) + L["slot.state"]) in busy
+                         for s in range(layout.n_slots))
+        return count
+
     async def serve(self, ready_fd: int | None = None) -> None:
-        stop = asyncio.Event()
+        stop, force = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            loop.add_signal_handler(sig, stop.set)
+        for sig in STOP_SIGNALS:  # the first stops (draining), a second cuts the drain short
+            loop.add_signal_handler(sig, lambda: force.set() if stop.is_set() else stop.set())
         server = await asyncio.start_unix_server(self.on_connection, path=str(self.sock_path))
         os.chmod(self.sock_path, 0o600)
         if self.gid is not None:
@@ -208,9 +239,10 @@ class Coordinator(ControlPlane, Supervisor):
                      self.opts.metrics_port)
         supervisor = asyncio.create_task(self.supervise(stop))
         await stop.wait()
+        server.close()  # no new lease; the open ones stay, so their requests can be answered
+        await self.drain(force)
         log.info("stopping")
         self.control.ops.store32(L["control.server_state"], P.ServerState.STOPPED)
-        server.close()
         for writer in list(self.connections):
             writer.close()
         await supervisor

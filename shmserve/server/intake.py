@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .._core import now_ns
 from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, ClientState, MailboxState,
-                        RingConsumer, SlotState, Timestamp)
+                        RingConsumer, SlotState, Status, Timestamp)
 from .maps import ServerMaps
 from .scheduling import Pending, Rejection, Scheduler
 
@@ -102,6 +102,12 @@ class Intake:
             return
         model_id, rows, key = taken
         p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen)
+        # SYNC POINT: pairs with the coordinator's store of draining before it rings us:
+        # a request taken after that store is refused; what was queued before still runs.
+        if self.maps.srv.load32(L["server.draining"]):
+            self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
+                                            "finishes the requests it holds and takes no new one"))
+            return
         refused = self.schedulers[model_id].enqueue(p)
         if refused is not None:
             self.reject(model_id, refused)
