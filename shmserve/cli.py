@@ -21,6 +21,16 @@ def _size(text: str) -> int:
     return int(t)
 
 
+def _bool(text: str) -> bool:
+    """Triton's boolean option values: true/false, 1/0 (also yes/no, on/off)."""
+    t = text.strip().lower()
+    if t in ("true", "1", "yes", "on"):
+        return True
+    if t in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false, 1/0)")
+
+
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
@@ -31,7 +41,8 @@ def cmd_serve(args) -> int:
                             idle_check_ms=args.idle_check_ms,
                             exit_timeout_s=args.exit_timeout_secs,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
-                            log_level=args.log_level.upper(), group=args.group))
+                            log_level=args.log_level.upper(), group=args.group,
+                            exit_on_error=args.exit_on_error))
 
 
 def format_models(models: list[dict], statistics: list[dict]) -> str:
@@ -266,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--load-timeout", type=float, default=120.0,
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
     s.add_argument("--log-level", default="info")
+    s.add_argument("--exit-on-error", type=_bool, default=True, nargs="?", const=True,
+                   metavar="BOOL",
+                   help="a model that cannot be loaded (broken config.pbtxt, missing model "
+                        "file) stops the start, exit 2 (default true, Triton's); false: serve "
+                        "the others and list it UNAVAILABLE with the reason")
     s.add_argument("--group", default=None, metavar="GROUP",
                    help="also serve clients of this group (other uids): the control socket "
                         "becomes group read-write, the runtime directory group-traversable; "

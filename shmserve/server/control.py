@@ -13,7 +13,7 @@ import struct
 import time
 
 from .. import protocol as P
-from ..errors import ShmServeError
+from ..errors import ShmServeError, UnavailableError
 from ..protocol import LAYOUT as L
 from .segments import ArenaLayout, create_sealed
 
@@ -61,7 +61,8 @@ class ControlPlane:
             client_id=client_id, generation=generation, control_bytes=self.control.size,
             arena_bytes=alayout.segment_bytes, slots_offset=alayout.slots_offset,
             n_slots=alayout.n_slots, data_offset=alayout.data_offset, server_pid=os.getpid(),
-            spin_us=self.opts.spin_us, models=[dataclasses.asdict(m) for m in self.model_list()])
+            spin_us=self.opts.spin_us,
+            models=[dataclasses.asdict(m) for m in self.model_list(broken=False)])
 
     def close_lease(self, client_id: int) -> None:
         lease = self.leases.pop(client_id, None)
@@ -78,8 +79,18 @@ class ControlPlane:
         log.info("lease %d closed (pid %d)", client_id, lease["pid"])
 
     # -- control-socket requests ------------------------------------------------
-    def model_list(self) -> list[P.ModelMetadata]:
-        return [self.metadata(model_id) for model_id in range(len(self.specs))]
+    def model_list(self, broken: bool = True) -> list[P.ModelMetadata]:
+        """Every model version served; with `broken`, also each model whose config is
+        broken (--exit-on-error=false), id -1, state "UNAVAILABLE: <reason>". The hello
+        leaves those out: a client has no plan for them, so its request asks for the
+        metadata and gets UnavailableError (find_model)."""
+        rows = [self.metadata(model_id) for model_id in range(len(self.specs))]
+        if broken and self.broken:
+            rows += [P.ModelMetadata(id=-1, name=p.name, version=p.version or 0, platform="",
+                                     max_batch_size=0, inputs=[], outputs=[], state=p.state)
+                     for p in self.broken]
+            rows.sort(key=lambda m: (m.name, m.version))
+        return rows
 
     def metadata(self, model_id: int) -> P.ModelMetadata:
         return P.ModelMetadata(**self.specs[model_id].metadata(model_id),
@@ -87,6 +98,12 @@ class ControlPlane:
 
     def find_model(self, name: str, version) -> int:
         matches = [i for i, s in enumerate(self.specs) if s.name == name]
+        for p in self.broken:  # a broken model (or version) is UNAVAILABLE, not unknown
+            if p.name == name and (p.version is None or p.version == version
+                                   or (not matches and version in (None, 0, -1))):
+                raise UnavailableError(f"model '{name}'"
+                                       + ("" if p.version is None else f" version {p.version}")
+                                       + f" is {p.state}")
         if not matches:
             known = sorted({s.name for s in self.specs})
             raise ShmServeError(f"unknown model '{name}' (serving: {', '.join(known)})",

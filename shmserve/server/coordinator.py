@@ -19,7 +19,7 @@ from ..errors import ConfigError, ShmServeError, ShmSpaceError
 from ..protocol import LAYOUT as L
 from ..segments import Segment, pid_alive, socket_path
 from .control import ControlPlane
-from .repository import ModelSpec, load_repository
+from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
 from .supervisor import Child, Supervisor
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
@@ -47,6 +47,8 @@ class ServeOptions:
     metrics_address: str = "127.0.0.1"
     log_level: str = "INFO"
     group: str | None = None  # let this group's members be clients (the socket becomes 0660)
+    exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
+    # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
 
 
 class AlreadyRunningError(ShmServeError):
@@ -62,6 +64,9 @@ class Coordinator(ControlPlane, Supervisor):
         self.opts = opts
         self.specs: list[ModelSpec] = []
         self.model_state: dict[int, str] = {}  # READY / UNAVAILABLE: reason
+        # Models whose config is broken (--exit-on-error=false): listed UNAVAILABLE by
+        # the control plane only, never in the shared model table, batcher or workers.
+        self.broken: list[ModelProblem] = []
         self.children: list[Child] = []
         self.control: Segment | None = None
         self.server: Segment | None = None
@@ -225,6 +230,10 @@ class Coordinator(ControlPlane, Supervisor):
             log.info("model '%s' version %d: %s (%s, %d instance%s, max_batch_size %d)",
                      spec.name, spec.version, self.model_state.get(model_id), spec.backend,
                      spec.instance_count, "s" * (spec.instance_count > 1), spec.max_batch_size)
+        for problem in self.broken:
+            log.warning("model '%s'%s: UNAVAILABLE: %s", problem.name,
+                        "" if problem.version is None else f" version {problem.version}",
+                        problem.reason)
         log.info("ready: server '%s', control socket %s", self.opts.name, self.sock_path)
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
@@ -250,6 +259,18 @@ class Coordinator(ControlPlane, Supervisor):
             metrics[0].shutdown()
 
 
+def load_models(opts: ServeOptions) -> tuple[list[ModelSpec], list[ModelProblem]]:
+    """The repository's good models and (with --exit-on-error=false) its broken ones;
+    ConfigError naming every broken model when they stop the start."""
+    specs, problems = scan_repository(opts.model_repository)
+    if problems and opts.exit_on_error:
+        raise ConfigError(problems_message(problems))
+    if not specs:  # nothing to serve: a start with no model table is refused
+        raise ConfigError(f"no model of repository {opts.model_repository} can be loaded:\n"
+                          + problems_message(problems))
+    return specs, problems
+
+
 class StopRequested(Exception):
     """A stop signal came before the server was serving (while models load)."""
 
@@ -273,7 +294,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
-        coord.specs = load_repository(opts.model_repository)
+        coord.specs, coord.broken = load_models(opts)
         coord.create_segments()
         coord.plan_children()
         coord.start_children()

@@ -218,14 +218,57 @@ def load_model(model_dir: Path) -> list[ModelSpec]:
     ]
 
 
-def load_repository(path: str | os.PathLike) -> list[ModelSpec]:
-    """Every servable (model, version) of the repository, sorted by name then version."""
+@dataclasses.dataclass(frozen=True)
+class ModelProblem:
+    """A model of the repository that cannot be served: its directory name, the
+    version concerned (None: the whole model) and why (ConfigError's message, naming
+    the file)."""
+    name: str
+    version: int | None
+    reason: str
+
+    @property
+    def state(self) -> str:
+        return f"UNAVAILABLE: {self.reason}"
+
+
+def scan_repository(path: str | os.PathLike) -> tuple[list[ModelSpec], list[ModelProblem]]:
+    """Every servable (model, version) of the repository, sorted by name then version,
+    and every model that cannot be served with the reason: one broken model hides
+    neither the others nor their problems. Raises ConfigError only for the repository
+    itself (not a directory, no model directory at all)."""
     root = Path(path)
     if not root.is_dir():
         raise ConfigError(f"model repository {root} is not a directory")
     specs: list[ModelSpec] = []
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        specs.extend(load_model(model_dir))
-    if not specs:
+    problems: list[ModelProblem] = []
+    model_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for model_dir in model_dirs:
+        try:
+            specs.extend(load_model(model_dir))
+        except ConfigError as e:
+            problems.append(ModelProblem(model_dir.name, None, e.msg))
+        except (OSError, UnicodeDecodeError) as e:  # unreadable config.pbtxt or version dir
+            problems.append(ModelProblem(model_dir.name, None, f"{model_dir}: {e}"))
+    if not model_dirs:
         raise ConfigError(f"model repository {root} holds no model")
+    return specs, problems
+
+
+def problems_message(problems: list[ModelProblem]) -> str:
+    """One problem: its reason as ConfigError words it; several: each, named."""
+    if len(problems) == 1:
+        return problems[0].reason
+    return (f"{len(problems)} models cannot be loaded ("
+            + ", ".join(f"'{p.name}'" for p in problems)
+            + "; --exit-on-error=false serves the others):\n"
+            + "\n".join(f"  model '{p.name}': {p.reason}" for p in problems))
+
+
+def load_repository(path: str | os.PathLike) -> list[ModelSpec]:
+    """Every servable (model, version) of the repository, sorted by name then version;
+    ConfigError naming every broken model if any is (scan_repository tolerates them)."""
+    specs, problems = scan_repository(path)
+    if problems:
+        raise ConfigError(problems_message(problems))
     return specs
