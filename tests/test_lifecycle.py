@@ -386,13 +386,8 @@ def test_runtime_dir_must_be_private(tmp_path, monkeypatch):
     assert os.listdir(runtime) == []
 
 
-def test_model_that_never_loads_is_unavailable_not_a_hung_start(server_factory):
-    """--load-timeout bounds start-up: a model whose initialize() hangs is reported
-    UNAVAILABLE with the reason, and the other models are served."""
-    def setup(repo):
-        helpers.write_model(repo, "hangs", helpers.python_config("hangs"), """
+HANGING_CODE = """
 import time
-from pathlib import Path
 
 
 class TritonPythonModel:
@@ -401,7 +396,14 @@ class TritonPythonModel:
 
     def execute(self, inputs):
         return {"OUTPUT0": inputs["INPUT0"]}
-""")
+"""
+
+
+def test_model_that_never_loads_is_unavailable_not_a_hung_start(server_factory):
+    """--load-timeout bounds start-up: a model whose initialize() hangs is reported
+    UNAVAILABLE with the reason, and the other models are served."""
+    def setup(repo):
+        helpers.write_model(repo, "hangs", helpers.python_config("hangs"), HANGING_CODE)
 
     server = server_factory(models=("identity",), setup=setup, args=["--load-timeout", "6"])
     with server.client() as c:
@@ -563,17 +565,7 @@ def test_stop_signal_while_a_model_loads_cleans_up(server_factory):
     """SIGTERM while a model hangs in initialize(): the server stops its children and
     removes its segments (the default action of the signal used to kill it first)."""
     def setup(repo):
-        helpers.write_model(repo, "hangs", helpers.python_config("hangs"), """
-import time
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        time.sleep(600)
-
-    def execute(self, inputs):
-        return {"OUTPUT0": inputs["INPUT0"]}
-""")
+        helpers.write_model(repo, "hangs", helpers.python_config("hangs"), HANGING_CODE)
 
     server = server_factory(models=(), setup=setup, args=["--load-timeout", "600"], start=False)
     with pytest.raises(RuntimeError, match="not ready"):
