@@ -42,7 +42,9 @@ def cmd_serve(args) -> int:
                             exit_timeout_s=args.exit_timeout_secs,
                             metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper(), group=args.group,
-                            exit_on_error=args.exit_on_error))
+                            exit_on_error=args.exit_on_error,
+                            auto_complete_config=not (args.disable_auto_complete_config
+                                                      or args.strict_model_config)))
 
 
 def format_models(models: list[dict], statistics: list[dict]) -> str:
@@ -282,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="a model that cannot be loaded (broken config.pbtxt, missing model "
                         "file) stops the start, exit 2 (default true, Triton's); false: serve "
                         "the others and list it UNAVAILABLE with the reason")
+    s.add_argument("--disable-auto-complete-config", action="store_true",
+                   help="do not complete an ONNX model's configuration from its graph: every "
+                        "model needs a config.pbtxt naming its inputs, outputs and "
+                        "max_batch_size (Triton's option)")
+    s.add_argument("--strict-model-config", type=_bool, default=False, nargs="?", const=True,
+                   metavar="BOOL",
+                   help="Triton's older spelling: true is --disable-auto-complete-config")
     s.add_argument("--group", default=None, metavar="GROUP",
                    help="also serve clients of this group (other uids): the control socket "
                         "becomes group read-write, the runtime directory group-traversable; "

@@ -49,6 +49,7 @@ class ServeOptions:
     group: str | None = None  # let this group's members be clients (the socket becomes 0660)
     exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
     # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
+    auto_complete_config: bool = True  # Triton's default; --disable-auto-complete-config
 
 
 class AlreadyRunningError(ShmServeError):
@@ -262,7 +263,7 @@ class Coordinator(ControlPlane, Supervisor):
 def load_models(opts: ServeOptions) -> tuple[list[ModelSpec], list[ModelProblem]]:
     """The repository's good models and (with --exit-on-error=false) its broken ones;
     ConfigError naming every broken model when they stop the start."""
-    specs, problems = scan_repository(opts.model_repository)
+    specs, problems = scan_repository(opts.model_repository, opts.auto_complete_config)
     if problems and opts.exit_on_error:
         raise ConfigError(problems_message(problems))
     if not specs:  # nothing to serve: a start with no model table is refused

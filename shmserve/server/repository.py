@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
+from . import autocomplete
 
 # backend name -> (accepted platform names, default model file)
 BACKENDS = {
@@ -152,22 +153,47 @@ def _versions(model_dir: Path, cfg: mc.ModelConfig, model_file: str, where: str)
     return available[-n:]
 
 
-def load_model(model_dir: Path) -> list[ModelSpec]:
+def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
+    """The servable versions of one model directory. auto_complete (Triton's default;
+    --disable-auto-complete-config turns it off): an ONNX model's config.pbtxt may be
+    missing or leave out input/output/max_batch_size, completed from the graph
+    (autocomplete.py)."""
     where = str(model_dir / "config.pbtxt")
-    if not (model_dir / "config.pbtxt").is_file():
-        raise ConfigError(f"{where}: missing (every model needs a config.pbtxt)")
-    text = (model_dir / "config.pbtxt").read_text()
-    cfg = parse_config(text, where)
+    onnx_file = None
+    if (model_dir / "config.pbtxt").is_file():
+        text = (model_dir / "config.pbtxt").read_text()
+        cfg = parse_config(text, where)
+    elif not auto_complete:
+        raise ConfigError(f"{where}: missing (every model needs a config.pbtxt when "
+                          "auto-complete is disabled)")
+    else:
+        onnx_file = autocomplete.find_onnx_model(model_dir)
+        if onnx_file is None:
+            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} "
+                              f"in {model_dir} to complete a configuration from (only ONNX "
+                              "models are auto-completed; others need a config.pbtxt)")
+        where = str(model_dir)  # errors name the directory: there is no file
+        cfg = mc.ModelConfig(backend=autocomplete.ONNX_BACKEND)
     name = cfg.name or model_dir.name
     if name != model_dir.name:
         raise ConfigError(f"{where}: name '{cfg.name}' differs from its directory '{model_dir.name}'")
     if not _NAME_RE.match(name) or len(name.encode()) >= NAME_BYTES:
         raise ConfigError(f"{where}: model name {name!r} must be letters, digits, '_.-', "
                           f"under {NAME_BYTES} bytes")
+    cfg.name = name
     backend = cfg.backend or _PLATFORM_TO_BACKEND.get(cfg.platform, cfg.platform)
     if backend not in BACKENDS:
         raise ConfigError(f"{where}: backend {backend or '(none)'!r} is not supported "
                           f"(supported: {', '.join(sorted(BACKENDS))})")
+    if auto_complete and backend == autocomplete.ONNX_BACKEND:
+        if onnx_file is None:
+            model_file = cfg.default_model_filename or BACKENDS[backend][1]
+            if os.sep in model_file or model_file in ("..", "."):
+                raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a "
+                                  "file name")
+            onnx_file = next((model_dir / str(v) / model_file
+                              for v in reversed(_versions(model_dir, cfg, model_file, where))), None)
+        autocomplete.complete_onnx_config(cfg, onnx_file, where)
     if cfg.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size {cfg.max_batch_size} must be >= 0")
     batched = cfg.max_batch_size > 0
@@ -232,11 +258,12 @@ class ModelProblem:
         return f"UNAVAILABLE: {self.reason}"
 
 
-def scan_repository(path: str | os.PathLike) -> tuple[list[ModelSpec], list[ModelProblem]]:
+def scan_repository(path: str | os.PathLike, auto_complete: bool = True
+                    ) -> tuple[list[ModelSpec], list[ModelProblem]]:
     """Every servable (model, version) of the repository, sorted by name then version,
     and every model that cannot be served with the reason: one broken model hides
     neither the others nor their problems. Raises ConfigError only for the repository
-    itself (not a directory, no model directory at all)."""
+    itself (not a directory, no model directory at all). auto_complete: load_model."""
     root = Path(path)
     if not root.is_dir():
         raise ConfigError(f"model repository {root} is not a directory")
@@ -245,7 +272,7 @@ def scan_repository(path: str | os.PathLike) -> tuple[list[ModelSpec], list[Mode
     model_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     for model_dir in model_dirs:
         try:
-            specs.extend(load_model(model_dir))
+            specs.extend(load_model(model_dir, auto_complete))
         except ConfigError as e:
             problems.append(ModelProblem(model_dir.name, None, e.msg))
         except (OSError, UnicodeDecodeError) as e:  # unreadable config.pbtxt or version dir
@@ -265,10 +292,10 @@ def problems_message(problems: list[ModelProblem]) -> str:
             + "\n".join(f"  model '{p.name}': {p.reason}" for p in problems))
 
 
-def load_repository(path: str | os.PathLike) -> list[ModelSpec]:
+def load_repository(path: str | os.PathLike, auto_complete: bool = True) -> list[ModelSpec]:
     """Every servable (model, version) of the repository, sorted by name then version;
     ConfigError naming every broken model if any is (scan_repository tolerates them)."""
-    specs, problems = scan_repository(path)
+    specs, problems = scan_repository(path, auto_complete)
     if problems:
         raise ConfigError(problems_message(problems))
     return specs
