@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
-from . import autocomplete
+from . import autocomplete, unsupported
 
 # backend name -> (accepted platform names, default model file)
 BACKENDS = {
@@ -194,6 +194,7 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
             onnx_file = next((model_dir / str(v) / model_file
                               for v in reversed(_versions(model_dir, cfg, model_file, where))), None)
         autocomplete.complete_onnx_config(cfg, onnx_file, where)
+    unsupported.check(cfg, where)  # refuses what would change results, warns of the rest
     if cfg.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size {cfg.max_batch_size} must be >= 0")
     batched = cfg.max_batch_size > 0

@@ -1,0 +1,82 @@
+"""config.pbtxt fields shmserve does not implement yet: never accepted in silence.
+
+A field whose absence would change what a caller gets back (a sequence's requests
+reaching different instances, a reshape not applied, a decoupled model answered once)
+is refused with a ConfigError naming it; one that only changes when or how fast
+requests run, or what happens at load (priorities, warmup, the response cache), is
+loaded with a warning naming it. Everything else set in a config is implemented.
+"""
+from __future__ import annotations
+
+import logging
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from ..errors import ConfigError
+
+log = logging.getLogger("shmserve.repository")
+
+# Top-level ModelConfig fields that are implemented (or, like platform/backend, checked
+# elsewhere); `runtime` is a Triton backend library name, irrelevant here.
+IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "input", "output",
+               "instance_group", "dynamic_batching", "parameters", "version_policy",
+               "default_model_filename"}
+# Set, these change results: refused.
+REFUSED = {"sequence_batching", "ensemble_scheduling", "batch_input", "batch_output"}
+DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
+                       "default_queue_policy"}
+QUEUE_POLICY_IMPLEMENTED = {"max_queue_size", "default_timeout_microseconds", "timeout_action"}
+TENSOR_IMPLEMENTED = {"name", "data_type", "dims"}
+TENSOR_REFUSED = {"reshape", "optional", "allow_ragged_batch", "is_shape_tensor",
+                  "is_non_linear_format_io"}
+GROUP_IMPLEMENTED = {"name", "kind", "count"}
+
+
+def _set_fields(message) -> list[str]:
+    return [field.name for field, _ in message.ListFields()]
+
+
+def check(cfg: mc.ModelConfig, where: str) -> list[str]:
+    """Raises ConfigError for the first field set in cfg that would change results;
+    logs and returns a warning for each other field shmserve ignores."""
+    warnings = []
+
+    def ignored(path: str, why: str = "") -> None:
+        warnings.append(f"{where}: {path} is not implemented by shmserve yet and is "
+                        f"ignored{why}")
+
+    for field in _set_fields(cfg):
+        if field in REFUSED:
+            raise ConfigError(f"{where}: {field} is not implemented by shmserve yet; serving "
+                              "the model without it would change its results")
+        if field == "model_transaction_policy" and cfg.model_transaction_policy.decoupled:
+            raise ConfigError(f"{where}: model_transaction_policy decoupled is not implemented "
+                              "by shmserve yet (each request gets exactly one response)")
+        if field not in IMPLEMENTED and field != "model_transaction_policy":
+            ignored(field)
+    for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
+        for t in tensors:
+            for field in _set_fields(t):
+                if field in TENSOR_REFUSED:
+                    raise ConfigError(f"{where}: {kind} '{t.name}' {field} is not implemented "
+                                      "by shmserve yet")
+                if field not in TENSOR_IMPLEMENTED:
+                    ignored(f"{kind} '{t.name}' {field}")
+    for group in cfg.instance_group:
+        for field in _set_fields(group):
+            if field not in GROUP_IMPLEMENTED:
+                ignored(f"instance_group {field}")
+    dyn = cfg.dynamic_batching
+    for field in _set_fields(dyn):
+        if field not in DYNAMIC_IMPLEMENTED:
+            ignored(f"dynamic_batching {field}", " (requests keep arrival order, one priority)")
+    policy = dyn.default_queue_policy
+    for field in _set_fields(policy):
+        if field not in QUEUE_POLICY_IMPLEMENTED:
+            ignored(f"dynamic_batching default_queue_policy {field}")
+    if policy.timeout_action == mc.ModelQueuePolicy.DELAY and policy.default_timeout_microseconds:
+        ignored("dynamic_batching default_queue_policy timeout_action DELAY",
+                " (a request past its timeout keeps waiting in arrival order)")
+    for w in warnings:
+        log.warning("%s", w)
+    return warnings

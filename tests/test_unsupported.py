@@ -1,0 +1,72 @@
+"""config.pbtxt fields shmserve does not implement are never accepted in silence: the
+ones that would change results are refused by name, the others warned about by name."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from helpers import IDENTITY_CODE, python_config, write_model
+
+from shmserve.errors import ConfigError
+from shmserve.server.repository import load_model
+
+
+def model(tmp_path, extra: str = "", dims=(-1,)):
+    # sequence and ensemble scheduling exclude dynamic_batching (one oneof in the schema)
+    dynamic = None if "sequence_batching" in extra or "ensemble_scheduling" in extra else "{ }"
+    return write_model(tmp_path, "m", python_config("m", "FP32", dims, extra=extra,
+                                                    dynamic_batching=dynamic), IDENTITY_CODE)
+
+
+@pytest.mark.parametrize("extra, named", [
+    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching"),
+    ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 } ] }',
+     "ensemble_scheduling"),
+    ("model_transaction_policy { decoupled: true }", "decoupled"),
+    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
+     'source_input: "INPUT0" } ]', "batch_input"),
+])
+def test_fields_that_change_results_are_refused(tmp_path, extra, named):
+    with pytest.raises(ConfigError, match=named) as e:
+        load_model(model(tmp_path, extra))
+    assert "config.pbtxt" in str(e.value) and "not implemented" in str(e.value)
+
+
+def test_tensor_reshape_is_refused(tmp_path):
+    config = python_config("m", "FP32", (4,)).replace(
+        "dims: [ 4 ] }", "dims: [ 4 ] reshape: { shape: [ 2, 2 ] } }", 1)
+    write_model(tmp_path, "m", config, IDENTITY_CODE)
+    with pytest.raises(ConfigError, match="input 'INPUT0' reshape"):
+        load_model(tmp_path / "m")
+
+
+@pytest.mark.parametrize("extra, named", [
+    ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value: '
+     '{ data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]', "model_warmup"),
+    ("response_cache { enable: true }", "response_cache"),
+    ("optimization { priority: PRIORITY_MAX }", "optimization"),
+])
+def test_fields_that_only_change_timing_are_warned_about(tmp_path, caplog, extra, named):
+    with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
+        specs = load_model(model(tmp_path, extra))
+    assert specs and specs[0].name == "m"
+    assert any(named in r.getMessage() and "not implemented" in r.getMessage()
+               for r in caplog.records), caplog.text
+
+
+def test_dynamic_batching_extras_are_warned_about(tmp_path, caplog):
+    path = write_model(tmp_path, "m", python_config(
+        "m", "FP32", (-1,), dynamic_batching="{ preserve_ordering: true priority_levels: 2 "
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100 } }"),
+        IDENTITY_CODE)
+    with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
+        load_model(path)
+    text = caplog.text
+    for named in ("preserve_ordering", "priority_levels", "timeout_action DELAY"):
+        assert named in text, text
+
+
+def test_an_implemented_config_loads_without_warnings(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
+        load_model(model(tmp_path))
+    assert not caplog.records, caplog.text
