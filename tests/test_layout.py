@@ -36,7 +36,7 @@ PINNED = {
     "tensor_spec.size": 136,
     "shadow.size": 24 + 32 + 2 * 16 * 96,
     "mailbox.size": 40 + 4 * 256,
-    "server.size": 80,
+    "server.size": 88,
     "MAX_TENSORS": 16,
     "MAX_DIMS": 8,
     "ERROR_BYTES": 256,

@@ -356,13 +356,16 @@ typedef struct shms_server_header {
   uint32_t slots_per_client;
   uint32_t n_models;
   uint32_t n_workers;
-  SHMS_ATOMIC(uint32_t) draining; /* coordinator: nonzero once stopping; new requests refused */
+  uint32_t reserved;
   uint64_t clients_offset; /* shms_client_entry[max_clients] */
   uint64_t models_offset;  /* shms_model_entry[n_models] */
   uint64_t shadows_offset; /* shms_shadow[max_clients * slots_per_client] */
   uint64_t mailboxes_offset; /* shms_mailbox[n_workers] */
   uint64_t segment_bytes;
   SHMS_ATOMIC(uint64_t) ring_pos; /* the batcher's ring position, for its successor */
+  /* Coordinator: CLOCK_MONOTONIC ns when the server began to stop, 0 while serving. A
+   * request pushed (slot t_ns[ENQUEUE]) at or after it is refused; earlier ones drain. */
+  SHMS_ATOMIC(uint64_t) drain_since_ns;
 } shms_server_header;
 
 /* ------------------------------------------------------------- layout checks */
@@ -387,7 +390,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 24 + sizeof(shms_request), "shms_shadow size");
 SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 40 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
-SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 80, "shms_server_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 88, "shms_server_header size");
 #endif
 
 /* ------------------------------------------------------------- the field table */
@@ -459,11 +462,11 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 80, "shms_server_header size");
   F(server, shms_server_header, max_clients)                                            \
   F(server, shms_server_header, slots_per_client)                                       \
   F(server, shms_server_header, n_models) F(server, shms_server_header, n_workers)      \
-  F(server, shms_server_header, draining)                                               \
   F(server, shms_server_header, clients_offset)                                         \
   F(server, shms_server_header, models_offset)                                          \
   F(server, shms_server_header, shadows_offset)                                         \
   F(server, shms_server_header, mailboxes_offset)                                       \
-  F(server, shms_server_header, segment_bytes) F(server, shms_server_header, ring_pos)
+  F(server, shms_server_header, segment_bytes) F(server, shms_server_header, ring_pos)    \
+  F(server, shms_server_header, drain_since_ns)
 
 #endif /* SHMS_LAYOUT_H */

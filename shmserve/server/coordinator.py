@@ -188,10 +188,10 @@ class Coordinator(ControlPlane, Supervisor):
 
     async def drain(self, force: asyncio.Event) -> None:
         """Lets the requests in flight finish, at most --exit-timeout-secs: the batcher
-        refuses new ones (UNAVAILABLE, "the server is stopping") from the moment
-        server.draining is set; queued and running ones are answered as usual."""
-        # SYNC POINT: pairs with the batcher's load of draining in Intake.take.
-        self.server.ops.store32(L["server.draining"], 1)
+        refuses the ones pushed from now on (UNAVAILABLE, "the server is stopping"),
+        those pushed before are answered as usual."""
+        # SYNC POINT: pairs with the batcher's load of drain_since_ns in Intake.take.
+        self.server.ops.store64(L["server.drain_since_ns"], P.now_ns())
         self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
         deadline = time.monotonic() + self.opts.exit_timeout_s
         left = self.in_flight()

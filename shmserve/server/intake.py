@@ -102,9 +102,13 @@ class Intake:
             return
         model_id, rows, key = taken
         p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen)
-        # SYNC POINT: pairs with the coordinator's store of draining before it rings us:
-        # a request taken after that store is refused; what was queued before still runs.
-        if self.maps.srv.load32(L["server.draining"]):
+        # A request pushed once the server began to stop is refused; earlier ones drain.
+        # The ENQUEUE stamp is the client's word: a client can only win its own request
+        # a place in the drain, which --exit-timeout-secs bounds anyway.
+        # SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()).
+        drain_since = self.maps.srv.load64(L["server.drain_since_ns"])
+        enqueued = arena.ops.load64(slot_off + L["slot.t_ns"] + 8 * Timestamp.ENQUEUE)
+        if drain_since and enqueued >= drain_since:
             self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
                                             "finishes the requests it holds and takes no new one"))
             return
