@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import latency as L  # noqa: E402  (private server start/stop, machine load)
 from shmserve_bench import BenchConfig, run_benchmark  # noqa: E402
+from shmserve_bench.ceiling import ort_ceiling  # noqa: E402
 
 WIDTH = 256
 CONFIGS = {  # label -> (instances, intra_op threads, balancing)
@@ -93,33 +93,6 @@ parameters {{ key: "shmserve.instance_balancing" value {{ string_value: "{balanc
 ''')
 
 
-def ceiling(onnx_path: Path, histogram: dict, threads: int, budget_s: float) -> dict:
-    """Bare onnxruntime, one session of `threads` intra-op threads, sequential, timed at
-    the batch sizes of `histogram` {batch size: batches}: inferences/s and batch times."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    times = {}
-    for b in sorted(histogram):
-        x = rng.standard_normal((b, WIDTH)).astype(np.float32)
-        for _ in range(3):
-            sess.run(None, {"INPUT0": x})
-        runs, t_end = [], time.perf_counter() + budget_s / max(1, len(histogram))
-        while time.perf_counter() < t_end or len(runs) < 5:
-            t0 = time.perf_counter_ns()
-            sess.run(None, {"INPUT0": x})
-            runs.append(time.perf_counter_ns() - t0)
-        times[b] = float(np.median(runs)) / 1e9
-    items = sum(b * n for b, n in histogram.items())
-    busy = sum(times[b] * n for b, n in histogram.items())
-    return {"throughput": items / busy if busy else None, "batch_ms": {b: t * 1e3 for b, t in times.items()}}
-
-
 def measure(args, label: str, onnx_path: Path, work: Path) -> dict:
     instances, threads, balancing = CONFIGS[label]
     repo = work / label.replace(" ", "_")
@@ -136,7 +109,7 @@ def measure(args, label: str, onnx_path: Path, work: Path) -> dict:
         notes = L.stop_server(server)
     hist = {int(k): int(v) for k, v in ((lv.server_stats or {}).get("batch_requests") or {}).items()}
     rows = sum(b * n for b, n in hist.items())
-    ceil = ceiling(onnx_path, hist, threads, args.ceiling_s) if hist else {"throughput": None}
+    ceil = ort_ceiling(onnx_path, hist, threads, args.ceiling_s) if hist else {"throughput": None}
     if ceil["throughput"] and instances > 1:
         ceil["throughput"] *= instances  # one session per core, perfect scaling assumed
     lat = lv.summary.get("latency_us", {})
@@ -192,9 +165,10 @@ def main() -> None:
     ratio("2x1 balanced", "1x2", "2 instances x 1 thread over 1 instance x 2 threads")
     ratio("2x1 greedy", "1x2", "greedy 2x1 over 1x2")
     for r in results:
-        if r["ceiling"].get("batch_ms"):
-            ms = ", ".join(f"{b}: {t:.2f}" for b, t in sorted(r["ceiling"]["batch_ms"].items())
-                           if b in (1, 8, 16, 32) or len(r["ceiling"]["batch_ms"]) <= 4)
+        if r["ceiling"].get("median_batch_s"):
+            times = r["ceiling"]["median_batch_s"]
+            ms = ", ".join(f"{b}: {t * 1e3:.2f}" for b, t in sorted(times.items())
+                           if b in (1, 8, 16, 32) or len(times) <= 4)
             print(f"- bare ORT batch ms ({r['label']}, {CONFIGS[r['label']][1]} thread(s)): {ms}")
         if not r["stable"]:
             print(f"- {r['label']}: not stable within 10 % in {args.max_trials} windows")

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import latency as L  # noqa: E402  (server control, machine info, references)
 from shmserve_bench import BenchConfig, report, run_benchmark  # noqa: E402
+from shmserve_bench.ceiling import ort_ceiling  # noqa: E402
 from shmserve_bench import plot as PL  # noqa: E402
 from shmserve_bench import stats as S  # noqa: E402
 
@@ -82,38 +83,6 @@ def run_mlp(args, url: str, label: str, **kw):
         merged.error = merged.error or tr.error
     merged.label = f"{label} mlp"
     return merged
-
-
-def ort_ceiling(model_path: Path, histogram: dict, budget_s: float = 3.0) -> dict:
-    """Bare onnxruntime (intra_op 1, sequential) on the batch sizes of `histogram`
-    {batch size: batches}: inferences/s if every batch ran as fast as a bare
-    session runs it."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    sess = ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    rng = np.random.default_rng(0)
-    per_size = budget_s / max(1, len(histogram))
-    times = {}
-    for b in sorted(histogram):
-        x = rng.standard_normal((b, 256)).astype(np.float32)
-        for _ in range(3):
-            sess.run(None, {name: x})
-        runs, t_end = [], time.perf_counter() + per_size
-        while time.perf_counter() < t_end or len(runs) < 5:
-            t0 = time.perf_counter_ns()
-            sess.run(None, {name: x})
-            runs.append(time.perf_counter_ns() - t0)
-        times[b] = float(np.median(runs)) / 1e9
-    items = sum(b * n for b, n in histogram.items())
-    busy = sum(times[b] * n for b, n in histogram.items())
-    return {"throughput": items / busy if busy else None,
-            "median_batch_s": {int(b): t for b, t in times.items()},
-            "mean_batch": items / max(1, sum(histogram.values()))}
 
 
 def build_cpp_latency() -> Path | None:

@@ -97,32 +97,18 @@ class _NoServer(Exception):
 
 def _control_call(sock: socket.socket, request, deadline: float, name: str):
     """One control request on a bare connection (no hello: no lease, no arena): its
-    typed reply or ErrorReply. Every wait is bounded by `deadline` (monotonic)."""
+    typed reply or ErrorReply. The send, and each receive of the reply, are bounded by
+    what is left of `deadline` (monotonic) when they begin."""
     from . import protocol as P
-
-    def recv_exact(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout()
-            sock.settimeout(left)
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise _NoServer(f"server '{name}' closed the control connection")
-            buf += chunk
-        return buf
 
     try:
         sock.settimeout(max(deadline - time.monotonic(), 1e-3))
         sock.sendall(P.pack_frame(request))
-        (length,) = P.FRAME_HEADER.unpack(recv_exact(P.FRAME_HEADER.size))
-        if length > P.MAX_FRAME_BYTES:
-            raise _NoServer(f"server '{name}' sent a control frame of {length} bytes")
-        return P.decode_reply(request, P.unpack_body(recv_exact(length)))
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        return P.decode_reply(request, P.recv_frame(sock))
     except socket.timeout:
         raise _NoServer(f"server '{name}' did not answer within the timeout") from None
-    except OSError as e:
+    except OSError as e:  # ConnectionError too: the server closed the connection
         raise _NoServer(f"server '{name}' is gone ({e.strerror or e})") from None
     except ValueError as e:
         raise _NoServer(f"server '{name}' sent a malformed reply ({e})") from None

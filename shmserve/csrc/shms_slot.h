@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "shms_layout.h"
+#include "shms_request.h" /* shms_copy_name */
 #include "shms_ring.h"
 #include "shms_wait.h"
 
@@ -109,10 +110,7 @@ static inline int shms_slot_read_answer(shms_slot *s, shms_answer *a) {
                      ? (s->n_results < SHMS_MAX_TENSORS ? s->n_results : SHMS_MAX_TENSORS)
                      : 0;
   a->results = s->results;
-  size_t n = 0;
-  while (n + 1 < sizeof a->error && s->error[n]) n++;
-  memcpy(a->error, s->error, n);
-  a->error[n] = 0;
+  shms_copy_name(a->error, sizeof a->error, s->error, sizeof s->error);
   memcpy(a->t_ns, s->t_ns, sizeof a->t_ns);
   a->t_ns[SHMS_T_CLIENT_WAKE] = shms_now_ns();
   return 1;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import socket
 import struct
@@ -23,6 +24,12 @@ MAX_FRAME_BYTES = 16 << 20
 # codec (clients/cpp/include/shmserve/wire.hpp) is checked against the same test
 # vectors (tests/vectors/protocol_vectors.json).
 
+@functools.cache
+def _field_types(cls) -> dict:
+    """A message class's field types, resolved once (annotations are strings here)."""
+    return typing.get_type_hints(cls)
+
+
 @dataclasses.dataclass
 class Message:
     """A control message; subclasses list their fields with types, checked on decode."""
@@ -37,7 +44,7 @@ class Message:
     def from_wire(cls, wire: dict):
         """The message of a decoded frame; unknown keys are ignored (a newer peer may
         add fields), a missing or mistyped field raises ValueError naming it."""
-        hints = typing.get_type_hints(cls)
+        hints = _field_types(cls)
         values = {}
         for f in dataclasses.fields(cls):
             if f.name not in wire:

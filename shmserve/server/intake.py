@@ -20,6 +20,7 @@ from .maps import ServerMaps
 from .scheduling import Pending, Rejection, Scheduler
 
 L = LAYOUT
+ENQUEUE_STAMP = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE  # the client's push time, in a slot
 log = logging.getLogger("shmserve.batcher")
 RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
 SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
@@ -107,8 +108,7 @@ class Intake:
         # a place in the drain, which --exit-timeout-secs bounds anyway.
         # SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()).
         drain_since = self.maps.srv.load64(L["server.drain_since_ns"])
-        enqueued = arena.ops.load64(slot_off + L["slot.t_ns"] + 8 * Timestamp.ENQUEUE)
-        if drain_since and enqueued >= drain_since:
+        if drain_since and arena.ops.load64(slot_off + ENQUEUE_STAMP) >= drain_since:
             self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
                                             "finishes the requests it holds and takes no new one"))
             return
@@ -202,7 +202,6 @@ class Intake:
         layout = self.maps.layout
         in_ring = set(self.ring.pending())
         now = now_ns()
-        stamp = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE
         taken = 0
         for client_id in range(layout.max_clients):
             state, lease = self.maps.lease_of(client_id)
@@ -221,7 +220,7 @@ class Intake:
                         continue
                 elif st != SlotState.SUBMITTED:
                     continue
-                elif now - arena.ops.load64(off + stamp) < min_age_ns:
+                elif now - arena.ops.load64(off + ENQUEUE_STAMP) < min_age_ns:
                     continue
                 gen = arena.ops.load32(off + L["slot.generation"])
                 if (client_id, slot, gen) in in_ring:

@@ -47,6 +47,10 @@ class Supervisor:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", f"shmserve.server.{child.role}"], stdin=subprocess.PIPE,
                 stdout=sys.stderr.fileno(), pass_fds=keep)
+        except BaseException:
+            if handshake:
+                os.close(read_end)
+            raise
         finally:
             for fd in keep:
                 os.close(fd)  # the child's copy is the only writer left
