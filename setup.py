@@ -7,7 +7,8 @@ setup(
     ext_modules=[
         Extension(
             "shmserve._core",
-            sources=["shmserve/csrc/core.c", "shmserve/csrc/mapping.c", "shmserve/csrc/slots.c"],
+            sources=["shmserve/csrc/core.c", "shmserve/csrc/mapping.c", "shmserve/csrc/slots.c",
+                     "shmserve/csrc/stats.c"],
             depends=glob.glob("shmserve/csrc/*.h"),
             include_dirs=["shmserve/csrc"],
             extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",

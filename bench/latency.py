@@ -311,8 +311,10 @@ def shmserve_repeat(client, args) -> dict:
 def server_stats(client) -> dict:
     with contextlib.suppress(Exception):
         for s in client.statistics("identity"):
-            return {k: s[k] for k in ("request_success", "request_failure", "execution_count",
-                                      "batch_requests") if k in s}
+            return {"request_success": s["inference_stats"]["success"]["count"],
+                    "request_failure": s["inference_stats"]["fail"]["count"],
+                    "execution_count": s["execution_count"],
+                    "batch_requests": s["shmserve"]["batch_requests"]}
     return {}
 
 

@@ -332,7 +332,7 @@ def fuzz_validator(fdp) -> None:
 def check_accepted(arena: Arena, m: ModelSpec, rows: int, key: bytes, req: dict,
                    shadow_off: int) -> None:
     batched = m.max_batch_size > 0
-    c, s, g, lz, brows, ins, outs = SRV.read_shadow(shadow_off)
+    c, s, g, lz, brows, ins, outs, _ = SRV.read_shadow(shadow_off)
     check(brows == rows, "read_shadow rows", brows, rows)
     check(len(ins) == len(m.inputs) == req["n_inputs"], "input count", len(ins))
     check(sorted(t.index for t in ins) == list(range(len(m.inputs))), "inputs not a permutation",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import socket
 import sys
 import time
@@ -31,16 +32,38 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false, 1/0)")
 
 
+def metrics_options(args) -> dict:
+    """--metrics-port / --allow-metrics / --metrics-config as ServeOptions fields:
+    metrics are served when a port is given or --allow-metrics=true (then on 8002,
+    Triton's port); never by default, since several servers may share the host."""
+    from .errors import ConfigError
+    from .server.metrics import parse_metrics_config
+
+    port = args.metrics_port
+    if args.allow_metrics is False:
+        port = None
+    elif args.allow_metrics and port is None:
+        port = 8002
+    try:
+        config = parse_metrics_config(args.metrics_config)
+    except ConfigError as e:
+        raise SystemExit(f"shmserve serve: {e}") from None
+    config.update(cpu=args.allow_cpu_metrics, gpu=args.allow_gpu_metrics)
+    if args.metrics_interval_ms <= 0:
+        raise SystemExit("shmserve serve: --metrics-interval-ms must be positive")
+    return {"metrics_port": port, "metrics_address": args.metrics_address,
+            "metrics_config": config, "metrics_interval_ms": args.metrics_interval_ms}
+
+
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
-    return run(ServeOptions(model_repository=args.model_repository, name=args.name,
+    return run(ServeOptions(**metrics_options(args),model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
                             exit_timeout_s=args.exit_timeout_secs,
-                            metrics_port=args.metrics_port, metrics_address=args.metrics_address,
                             log_level=args.log_level.upper(), group=args.group,
                             exit_on_error=args.exit_on_error,
                             auto_complete_config=not (args.disable_auto_complete_config
@@ -52,7 +75,7 @@ def format_models(models: list[dict], statistics: list[dict]) -> str:
     full (READY, LOADING, UNAVAILABLE; the column is as wide as the widest), requests
     answered OK and with an error, executions and batches by number of requests; the
     reason of a state that has one on its own line below."""
-    stats = {(s["name"], s["version"]): s for s in statistics}
+    stats = {(s["name"], int(s["version"])): s for s in statistics}
     head = ["model", "version", "state", "backend", "max_batch", "success", "failure",
             "executions"]
     right = {"version", "max_batch", "success", "failure", "executions"}
@@ -60,11 +83,14 @@ def format_models(models: list[dict], statistics: list[dict]) -> str:
     for m in models:
         s = stats.get((m["name"], m["version"]), {})
         state, _, reason = m["state"].partition(":")
-        hist = " ".join(f"{k}:{v}" for k, v in sorted(s.get("batch_requests", {}).items(),
+        own = s.get("shmserve", {})
+        hist = " ".join(f"{k}:{v}" for k, v in sorted(own.get("batch_requests", {}).items(),
                                                       key=lambda kv: int(kv[0])))
+        counts = s.get("inference_stats", {})
         rows.append([m["name"], str(m["version"]), state.strip(), m["platform"],
-                     str(m["max_batch_size"]), str(s.get("request_success", 0)),
-                     str(s.get("request_failure", 0)), str(s.get("execution_count", 0)), hist])
+                     str(m["max_batch_size"]), str(counts.get("success", {}).get("count", 0)),
+                     str(counts.get("fail", {}).get("count", 0)), str(s.get("execution_count", 0)),
+                     hist])
         notes.append(reason.strip())
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
 
@@ -85,6 +111,43 @@ def cmd_models(args) -> int:
 
     with Client(args.name, arena_bytes=1 << 16) as c:
         print(format_models(c.models(), c.statistics()))
+    return 0
+
+
+def format_stats(model_stats: list[dict]) -> str:
+    """The `shmserve stats` table: counts, then the mean time per request of each
+    stage (Triton's inference_stats, ns summed over requests, divided by their count)."""
+    head = ["model", "version", "success", "failure", "executions", "inferences",
+            "request_us", "queue_us", "input_us", "infer_us", "output_us"]
+    rows = []
+    for s in model_stats:
+        inf = s["inference_stats"]
+
+        def mean_us(*kinds) -> str:
+            n = sum(inf[k]["count"] for k in kinds)
+            return f"{sum(inf[k]['ns'] for k in kinds) / n / 1000:.1f}" if n else "-"
+
+        rows.append([s["name"], str(s["version"]), str(inf["success"]["count"]),
+                     str(inf["fail"]["count"]), str(s["execution_count"]),
+                     str(s["inference_count"]), mean_us("success", "fail"), mean_us("queue"),
+                     mean_us("compute_input"), mean_us("compute_infer"),
+                     mean_us("compute_output")])
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
+    return "\n".join("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+                     for cells in [head] + rows)
+
+
+def cmd_stats(args) -> int:
+    from .client import Client
+    from .server.statistics import triton_only
+
+    with Client(args.name, arena_bytes=1 << 16) as c:
+        stats = c.statistics(args.model, args.version)
+    if args.json:  # the statistics extension's response, as Triton's HTTP front gives it
+        print(json.dumps({"model_stats": [triton_only(s) for s in stats]}, indent=2))
+    else:
+        print(format_stats(stats))
     return 0
 
 
@@ -262,6 +325,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve Prometheus metrics (Triton's families) on this port")
     s.add_argument("--metrics-address", default="127.0.0.1",
                    help="address for the metrics endpoint (loopback unless told otherwise)")
+    s.add_argument("--allow-metrics", type=_bool, default=None, nargs="?", const=True,
+                   metavar="BOOL", help="true: serve metrics (on --metrics-port, else 8002); "
+                   "false: never, even with --metrics-port")
+    s.add_argument("--allow-cpu-metrics", type=_bool, default=True, nargs="?", const=True,
+                   metavar="BOOL", help="nv_cpu_* families (default true)")
+    s.add_argument("--allow-gpu-metrics", type=_bool, default=True, nargs="?", const=True,
+                   metavar="BOOL", help="nv_gpu_* families where NVML finds a GPU (default true)")
+    s.add_argument("--metrics-interval-ms", type=int, default=2000,
+                   help="how often CPU/GPU gauges and the summaries' window are refreshed")
+    s.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
+                   help="as Triton: summary_latencies=true, summary_quantiles=0.5:0.05,..., "
+                        "counter_latencies=false, histogram_latencies=true")
     s.add_argument("--load-timeout", type=float, default=120.0,
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
     s.add_argument("--log-level", default="info")
@@ -286,6 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     m = sub.add_parser("models", help="list loaded models, their state and statistics")
     m.add_argument("--name", default=DEFAULT_NAME)
     m.set_defaults(fn=cmd_models)
+
+    st = sub.add_parser("stats", help="Triton's statistics extension: per model version "
+                        "counts and durations (--json: the extension's JSON)")
+    st.add_argument("--name", default=DEFAULT_NAME)
+    st.add_argument("--model", default=None, help="one model (default: every model)")
+    st.add_argument("--version", type=int, default=None, help="one version of --model")
+    st.add_argument("--json", action="store_true", help="print the JSON response")
+    st.set_defaults(fn=cmd_stats)
 
     h = sub.add_parser(
         "health", help="is the server live (or ready)? exit 0 yes, 1 not ready, 2 no server",

@@ -210,7 +210,7 @@ def test_burst_from_one_caller_is_not_held_by_a_timer(server_factory):
         for f in futures:
             assert (f.result(timeout=30)["OUTPUT0"] == 2).all()
     stats = c.statistics("simple")[0]
-    assert stats["batch_requests"] == {"1": 80}  # each request alone: 8 rows fill a batch
+    assert stats["shmserve"]["batch_requests"] == {"1": 80}  # each request alone: 8 rows fill a batch
 
 
 # -- instance balancing (issue 11): several idle instances share what is ready --------
@@ -383,4 +383,4 @@ def test_a_burst_is_shared_by_two_idle_instances(server_factory, mode):
         else:
             assert list(per_instance.values()) == [{32}]
     want = {"16": 6} if mode == "balanced" else {"32": 3}
-    assert c.statistics("recorder")[0]["batch_requests"] == want
+    assert c.statistics("recorder")[0]["shmserve"]["batch_requests"] == want

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(90)
 
 def batch_histogram(client, model):
     (row,) = client.statistics(model)
-    return {int(k): v for k, v in row["batch_requests"].items()}
+    return {int(k): v for k, v in row["shmserve"]["batch_requests"].items()}
 
 
 def test_eight_client_processes(main_server, client):

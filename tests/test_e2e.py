@@ -85,13 +85,13 @@ def test_preferred_batch_size(client):
     """Four 1-row requests go out together as the preferred batch of 4, long before
     the 3 s max_queue_delay."""
     (row,) = client.statistics("preferred")
-    before = dict(row["batch_requests"])
+    before = dict(row["shmserve"]["batch_requests"])
     xs = [np.full((1, 3), i, np.float32) for i in range(4)]
     futures = [client.submit("preferred", [x]) for x in xs]
     for x, f in zip(xs, futures):
         assert_bit_exact(f.result(timeout=30)["OUTPUT0"], x)
     (row,) = client.statistics("preferred")
-    grew = {k: v - before.get(k, 0) for k, v in row["batch_requests"].items()}
+    grew = {k: v - before.get(k, 0) for k, v in row["shmserve"]["batch_requests"].items()}
     assert {k: v for k, v in grew.items() if v} == {"4": 1}
 
 
@@ -331,12 +331,13 @@ def test_metadata_config_models_statistics(client):
     for _ in range(5):
         client.infer("simple", [a, a])
     after = stats()
-    assert after["name"] == "simple" and after["version"] == 1
-    assert after["request_success"] - before["request_success"] == 5
+    assert after["name"] == "simple" and after["version"] == "1"
+    ok, failed = (after["inference_stats"][k]["count"] - before["inference_stats"][k]["count"]
+                  for k in ("success", "fail"))
+    assert ok == 5 and failed == 0
     assert after["inference_count"] - before["inference_count"] == 15
     assert after["execution_count"] - before["execution_count"] >= 1
-    assert after["request_failure"] == before["request_failure"]
-    assert sum(after["batch_requests"].values()) == after["execution_count"]
+    assert sum(after["shmserve"]["batch_requests"].values()) == after["execution_count"]
     assert {s["name"] for s in client.statistics()} >= {"identity", "simple", "mlp"}
 
 

@@ -147,7 +147,8 @@ def test_full_model_queue_answers_busy(server_factory):
     assert ok >= 2 and len(busy) >= 3, (ok, busy)  # one running, two queued, the rest refused
     assert all("'q_sleeper'" in m and "max_queue_size 2" in m for m in busy), busy
     (row,) = c.statistics("q_sleeper")
-    assert row["request_failure"] == len(busy)
+    assert row["inference_stats"]["fail"]["count"] == len(busy)
+    assert row["shmserve"]["failures"]["REJECTED"] == len(busy)  # queue full
 
 
 def test_queue_timeout_rejects_requests_that_waited_too_long(server_factory):

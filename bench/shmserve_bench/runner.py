@@ -127,11 +127,13 @@ def _stats_of(client, model: str) -> dict | None:
         return None
     if not rows:
         return None
-    row = max(rows, key=lambda r: r.get("version", 0))
-    return {"request_success": row.get("request_success", 0),
-            "request_failure": row.get("request_failure", 0),
-            "execution_count": row.get("execution_count", 0),
-            "batch_requests": {int(k): int(v) for k, v in row.get("batch_requests", {}).items()}}
+    row = max(rows, key=lambda r: int(r.get("version", 0)))
+    counts = row["inference_stats"]
+    return {"request_success": counts["success"]["count"],
+            "request_failure": counts["fail"]["count"],
+            "execution_count": row["execution_count"],
+            "batch_requests": {int(k): int(v)
+                               for k, v in row["shmserve"]["batch_requests"].items()}}
 
 
 def _stats_delta(a: dict | None, b: dict | None) -> dict | None:

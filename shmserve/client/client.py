@@ -52,9 +52,18 @@ class Client:
         """config.pbtxt as the server parsed it (protobuf text format)."""
         return self.engine.call(P.GetConfig(model, version_key(version))).config
 
-    def statistics(self, model: str | None = None) -> list[dict]:
-        """Per-model counters, including batches by number of requests."""
-        return self.engine.call(P.GetStats(model)).models
+    def statistics(self, model: str | None = None, version: int | None = None,
+                   histograms: bool = False) -> list[dict]:
+        """Triton's statistics extension, one model_stat per model version (all, every
+        version of `model`, or one), each with shmserve's own figures under "shmserve"
+        (state, pending, failures by reason, batches by requests, instances; with
+        histograms, each duration's latency histogram). See docs/operating.md."""
+        return self.engine.call(P.GetStats(model, version_key(version), histograms)).model_stats
+
+    def server_status(self) -> dict:
+        """The server at a glance, as `shmserve status` shows it: "models" (statistics
+        with histograms), "clients", "ring_depth", "batcher", "uptime_s"."""
+        return self.engine.call(P.GetStatus()).status
 
     # -- arena ------------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32) -> np.ndarray:

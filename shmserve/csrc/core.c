@@ -42,15 +42,18 @@ PyTypeObject MappingType = {
     .tp_getset = mapping_getset,
 };
 
-/* One method table for the type, from the two files that implement them. */
+/* One method table for the type, from the files that implement them. */
 static PyMethodDef *joined_methods(void) {
-  size_t a = 0, b = 0;
-  while (shms_py_mapping_methods[a].ml_name) a++;
-  while (shms_py_slot_methods[b].ml_name) b++;
-  PyMethodDef *all = PyMem_Calloc(a + b + 1, sizeof(PyMethodDef));
+  PyMethodDef *parts[] = {shms_py_mapping_methods, shms_py_slot_methods, shms_py_stats_methods};
+  size_t n[3] = {0, 0, 0}, total = 0;
+  for (int p = 0; p < 3; p++) {
+    while (parts[p][n[p]].ml_name) n[p]++;
+    total += n[p];
+  }
+  PyMethodDef *all = PyMem_Calloc(total + 1, sizeof(PyMethodDef));
   if (!all) return NULL;
-  memcpy(all, shms_py_mapping_methods, a * sizeof(PyMethodDef));
-  memcpy(all + a, shms_py_slot_methods, b * sizeof(PyMethodDef));
+  for (int p = 0, at = 0; p < 3; at += (int)n[p], p++)
+    memcpy(all + at, parts[p], n[p] * sizeof(PyMethodDef));
   return all;
 }
 
@@ -208,6 +211,12 @@ static PyObject *f_set_timer_slack(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
+static PyObject *f_latency_bucket(PyObject *m, PyObject *arg) {
+  unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
+  if (PyErr_Occurred()) return NULL;
+  return PyLong_FromUnsignedLong(shms_latency_bucket(ns));
+}
+
 static PyMethodDef module_methods[] = {
     {"layout", f_layout, METH_NOARGS, "Constants, struct sizes, field offsets of shmserve.h."},
     {"enums", f_enums, METH_NOARGS, "Every enum of shmserve.h: {type: {member: value}}."},
@@ -215,6 +224,7 @@ static PyMethodDef module_methods[] = {
     {"arena_layout", f_arena_layout, METH_VARARGS, "(slots_offset, data_offset, segment_bytes)."},
     {"control_bytes", f_control_bytes, METH_O, "Size of a control segment with this ring."},
     {"now_ns", f_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in nanoseconds."},
+    {"latency_bucket", f_latency_bucket, METH_O, "Histogram bucket of a duration (shms_stats.h)."},
     {"set_parent_death_signal", f_set_parent_death_signal, METH_O,
      "prctl(PR_SET_PDEATHSIG): get this signal when the parent dies."},
     {"set_timer_slack", f_set_timer_slack, METH_O,

@@ -1,6 +1,6 @@
 /*
  * core.h — private to the Python extension shmserve._core (core.c, mapping.c,
- * slots.c): the Mapping type every segment is operated through, and its helpers.
+ * slots.c, stats.c): the Mapping type every segment is operated through, and its helpers.
  * The protocol itself is in shmserve.h; these files only translate it to Python.
  */
 #ifndef SHMS_CORE_H
@@ -43,6 +43,7 @@ int shms_py_ring_view(Mapping *self, unsigned long long off, unsigned long long 
 
 extern PyMethodDef shms_py_mapping_methods[]; /* mapping.c: atomics, doorbells, ring, bytes */
 extern PyMethodDef shms_py_slot_methods[];    /* slots.c: headers, requests, slots, mailboxes */
+extern PyMethodDef shms_py_stats_methods[];   /* stats.c: a model's statistics */
 
 int shms_py_add_tensor_ref(PyObject *module);
 

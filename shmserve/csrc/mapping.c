@@ -123,7 +123,8 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* doorbell_wait(word_off, sleeping_off, seen, spin_ns, timeout_ns) -> bool moved */
+/* doorbell_wait(word_off, sleeping_off, seen, spin_ns, timeout_ns) -> how it woke:
+ * Wake.SPIN or Wake.SLEEP if the word moved, Wake.TIMEOUT (0, falsy) if not. */
 static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   unsigned long long off, soff;
   unsigned int seen;
@@ -136,7 +137,7 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   Py_BEGIN_ALLOW_THREADS moved = shms_doorbell_wait(w, s, seen, spin_ns, timeout_ns);
   Py_END_ALLOW_THREADS
   shms_py_leave(self);
-  return PyBool_FromLong(moved);
+  return PyLong_FromLong(moved);
 }
 
 /* ---------------------------------------------------------------- ring */

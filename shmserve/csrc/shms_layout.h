@@ -75,6 +75,8 @@ using namespace shms_detail;
 #define SHMS_DATA_ALIGN 64          /* tensor data offsets are multiples of this */
 #define SHMS_BATCH_HIST 65          /* executions by number of requests: 1..64, 65+ in [64] */
 #define SHMS_MAILBOX_RETIRED 0xFFFFFFFFu /* shms_mailbox.pid of a retired (crash-looping) instance */
+#define SHMS_BATCH_STATS 1024       /* per-batch-size statistics: sizes 1..1023, 1024+ in [1023] */
+#define SHMS_LATENCY_BUCKETS 320    /* log-linear duration histogram, shms_latency_bucket() */
 
 /* Every constant the other languages need, X(name, value). */
 #define SHMS_CONSTANTS(X)                                                              \
@@ -83,7 +85,8 @@ using namespace shms_detail;
   X(MAX_TENSORS, SHMS_MAX_TENSORS) X(MAX_DIMS, SHMS_MAX_DIMS)                          \
   X(ERROR_BYTES, SHMS_ERROR_BYTES) X(NAME_BYTES, SHMS_NAME_BYTES)                      \
   X(MAX_BATCH_REQUESTS, SHMS_MAX_BATCH_REQUESTS) X(DATA_ALIGN, SHMS_DATA_ALIGN)        \
-  X(BATCH_HIST, SHMS_BATCH_HIST) X(MAILBOX_RETIRED, SHMS_MAILBOX_RETIRED)
+  X(BATCH_HIST, SHMS_BATCH_HIST) X(MAILBOX_RETIRED, SHMS_MAILBOX_RETIRED)             \
+  X(BATCH_STATS, SHMS_BATCH_STATS) X(LATENCY_BUCKETS, SHMS_LATENCY_BUCKETS)
 
 /* ---------------------------------------------------------------- enums */
 
@@ -130,6 +133,25 @@ using namespace shms_detail;
   X(SHMS_T_COMPLETE, COMPLETE, 6)         /* server published DONE */                 \
   X(SHMS_T_CLIENT_WAKE, CLIENT_WAKE, 7)   /* client saw DONE */
 
+/* Per-model durations, as Triton's statistics name them (inference_stats). Each is a
+ * {count, ns} pair summed over requests plus a latency histogram. SUCCESS and FAIL
+ * time a request from the batcher taking it off the ring to its answer. */
+#define SHMS_DURATION_LIST(X)                                                         \
+  X(SHMS_DUR_SUCCESS, SUCCESS, 0) X(SHMS_DUR_FAIL, FAIL, 1) X(SHMS_DUR_QUEUE, QUEUE, 2) \
+  X(SHMS_DUR_COMPUTE_INPUT, COMPUTE_INPUT, 3) X(SHMS_DUR_COMPUTE_INFER, COMPUTE_INFER, 4) \
+  X(SHMS_DUR_COMPUTE_OUTPUT, COMPUTE_OUTPUT, 5)
+
+/* Why a request failed: the `reason` label of nv_inference_request_failure. */
+#define SHMS_FAILURE_LIST(X)                                                          \
+  X(SHMS_FAIL_REJECTED, REJECTED, 0) /* queue full, queue timeout, server stopping */  \
+  X(SHMS_FAIL_CANCELED, CANCELED, 1) /* the caller withdrew it */                     \
+  X(SHMS_FAIL_BACKEND, BACKEND, 2)   /* the model raised or its worker died */         \
+  X(SHMS_FAIL_OTHER, OTHER, 3)       /* invalid request, output buffer too small */
+
+/* How a waiting server process woke up (shms_doorbell_wait's return value). */
+#define SHMS_WAKE_LIST(X) X(SHMS_WAKE_TIMEOUT, TIMEOUT, 0) X(SHMS_WAKE_SPIN, SPIN, 1) \
+  X(SHMS_WAKE_SLEEP, SLEEP, 2)
+
 #define SHMS_SERVER_STATE_LIST(X)                                                     \
   X(SHMS_SERVER_STARTING, STARTING, 0) X(SHMS_SERVER_READY, READY, 1)                 \
   X(SHMS_SERVER_STOPPED, STOPPED, 2)
@@ -160,7 +182,9 @@ using namespace shms_detail;
   X(SHMS_SLOT_STATE_LIST, SlotState) X(SHMS_TIMESTAMP_LIST, Timestamp)                \
   X(SHMS_SERVER_STATE_LIST, ServerState) X(SHMS_CLIENT_STATE_LIST, ClientState)       \
   X(SHMS_MAILBOX_STATE_LIST, MailboxState) X(SHMS_MEMORY_KIND_LIST, MemoryKind)       \
-  X(SHMS_RING_RESULT_LIST, RingResult) X(SHMS_POP_RESULT_LIST, PopResult)
+  X(SHMS_RING_RESULT_LIST, RingResult) X(SHMS_POP_RESULT_LIST, PopResult)          \
+  X(SHMS_DURATION_LIST, Duration) X(SHMS_FAILURE_LIST, FailureReason)                 \
+  X(SHMS_WAKE_LIST, Wake)
 
 #define SHMS_ENUM_MEMBER(cname, name, value) cname = value,
 enum shms_dtype { SHMS_DTYPE_LIST(SHMS_ENUM_MEMBER) SHMS_TYPE_COUNT };
@@ -168,6 +192,9 @@ enum shms_status { SHMS_STATUS_LIST(SHMS_ENUM_MEMBER) };
 enum shms_slot_state { SHMS_SLOT_STATE_LIST(SHMS_ENUM_MEMBER) };
 enum shms_timestamp { SHMS_TIMESTAMP_LIST(SHMS_ENUM_MEMBER) SHMS_T_COUNT };
 enum shms_server_state { SHMS_SERVER_STATE_LIST(SHMS_ENUM_MEMBER) };
+enum shms_duration_kind { SHMS_DURATION_LIST(SHMS_ENUM_MEMBER) SHMS_DUR_COUNT };
+enum shms_failure_reason { SHMS_FAILURE_LIST(SHMS_ENUM_MEMBER) SHMS_FAIL_COUNT };
+enum shms_wake { SHMS_WAKE_LIST(SHMS_ENUM_MEMBER) };
 enum shms_client_state { SHMS_CLIENT_STATE_LIST(SHMS_ENUM_MEMBER) };
 enum shms_mailbox_state { SHMS_MAILBOX_STATE_LIST(SHMS_ENUM_MEMBER) };
 enum shms_memory_kind { SHMS_MEMORY_KIND_LIST(SHMS_ENUM_MEMBER) };
@@ -305,6 +332,29 @@ typedef struct shms_tensor_spec {
   int64_t dims[SHMS_MAX_DIMS]; /* -1 = any size */
 } shms_tensor_spec;
 
+/* A model's statistics (shms_stats.h records them), in the server segment: the
+ * batcher and the workers add with relaxed atomics, the coordinator reads. */
+typedef struct shms_duration {
+  SHMS_ATOMIC(uint64_t) count; /* requests (or executions, in batch_stats) */
+  SHMS_ATOMIC(uint64_t) ns;    /* their summed duration */
+} shms_duration;
+
+typedef struct shms_batch_stat { /* executions of one batch size (rows) */
+  shms_duration compute_input, compute_infer, compute_output;
+} shms_batch_stat;
+
+typedef struct shms_model_stats {
+  SHMS_ATOMIC(uint64_t) inference_count;   /* rows: sum of batch dims */
+  SHMS_ATOMIC(uint64_t) execution_count;   /* model executions (batches) */
+  SHMS_ATOMIC(uint64_t) last_inference_ms; /* CLOCK_REALTIME ms of the last execution */
+  SHMS_ATOMIC(uint64_t) pending;           /* batcher: requests queued for this model now */
+  SHMS_ATOMIC(uint64_t) failures[SHMS_FAIL_COUNT]; /* by enum shms_failure_reason */
+  shms_duration durations[SHMS_DUR_COUNT];          /* by enum shms_duration_kind */
+  SHMS_ATOMIC(uint64_t) batch_requests[SHMS_BATCH_HIST]; /* index n-1: batches of n requests */
+  shms_batch_stat batch_stats[SHMS_BATCH_STATS];        /* index rows-1 */
+  SHMS_ATOMIC(uint64_t) latency[SHMS_DUR_COUNT][SHMS_LATENCY_BUCKETS]; /* per request */
+} shms_model_stats;
+
 typedef struct shms_model_entry {
   char name[SHMS_NAME_BYTES];
   int64_t version;
@@ -314,14 +364,7 @@ typedef struct shms_model_entry {
   SHMS_ATOMIC(uint32_t) ready; /* 1 once every instance has loaded */
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
-  /* statistics, updated by workers and the batcher */
-  SHMS_ATOMIC(uint64_t) request_success;
-  SHMS_ATOMIC(uint64_t) request_failure;
-  SHMS_ATOMIC(uint64_t) inference_count; /* rows: sum of batch dims */
-  SHMS_ATOMIC(uint64_t) execution_count; /* model executions (batches) */
-  SHMS_ATOMIC(uint64_t) compute_ns;
-  SHMS_ATOMIC(uint64_t) queue_ns;
-  SHMS_ATOMIC(uint64_t) batch_requests[SHMS_BATCH_HIST]; /* index n-1: batches of n requests */
+  shms_model_stats stats;
 } shms_model_entry;
 
 /* A request as the batcher validated it, copied out of the client's reach. */
@@ -332,6 +375,7 @@ typedef struct shms_shadow {
   uint32_t lease;      /* the client's lease generation (shms_client_entry.generation) */
   uint32_t batch_rows; /* first dimension of the inputs, 1 for unbatched models */
   uint32_t reserved;
+  uint64_t taken_ns;   /* when the batcher took it off the ring: request durations start */
   shms_request request;
 } shms_shadow;
 
@@ -346,6 +390,8 @@ typedef struct shms_mailbox {
   uint64_t reserved1;
   uint32_t attempt; /* 0 when handed over; 1 while a successor re-runs it (retry_on_worker_crash) */
   uint32_t reserved2;
+  SHMS_ATOMIC(uint64_t) wakeups[3]; /* worker: its waits by enum shms_wake */
+  SHMS_ATOMIC(uint64_t) executions; /* worker: batches this instance ran */
   uint32_t shadow[SHMS_MAX_BATCH_REQUESTS]; /* indices into the shadow table */
 } shms_mailbox;
 
@@ -366,6 +412,7 @@ typedef struct shms_server_header {
   /* Coordinator: CLOCK_MONOTONIC ns when the server began to stop, 0 while serving. A
    * request pushed (slot t_ns[ENQUEUE]) at or after it is refused; earlier ones drain. */
   SHMS_ATOMIC(uint64_t) drain_since_ns;
+  SHMS_ATOMIC(uint64_t) batcher_wakeups[3]; /* the batcher's waits by enum shms_wake */
 } shms_server_header;
 
 /* ------------------------------------------------------------- layout checks */
@@ -388,9 +435,9 @@ SHMS_STATIC_ASSERT(sizeof(shms_arena_header) == 128, "shms_arena_header size");
 SHMS_STATIC_ASSERT(offsetof(shms_arena_header, completions) == 64, "completions offset");
 SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
-SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 24 + sizeof(shms_request), "shms_shadow size");
-SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 40 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
-SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 88, "shms_server_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 32 + sizeof(shms_request), "shms_shadow size");
+SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 72 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
+SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size");
 #endif
 
 /* ------------------------------------------------------------- the field table */
@@ -442,20 +489,25 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 88, "shms_server_header size");
   F(model, shms_model_entry, max_batch_size) F(model, shms_model_entry, n_inputs)       \
   F(model, shms_model_entry, n_outputs) F(model, shms_model_entry, ready)               \
   F(model, shms_model_entry, inputs) F(model, shms_model_entry, outputs)                \
-  F(model, shms_model_entry, request_success)                                           \
-  F(model, shms_model_entry, request_failure)                                           \
-  F(model, shms_model_entry, inference_count)                                           \
-  F(model, shms_model_entry, execution_count)                                           \
-  F(model, shms_model_entry, compute_ns) F(model, shms_model_entry, queue_ns)           \
-  F(model, shms_model_entry, batch_requests)                                            \
+  F(model, shms_model_entry, stats)                                                     \
+  S(model_stats, shms_model_stats)                                                      \
+  F(model_stats, shms_model_stats, inference_count)                                     \
+  F(model_stats, shms_model_stats, execution_count)                                     \
+  F(model_stats, shms_model_stats, last_inference_ms)                                   \
+  F(model_stats, shms_model_stats, pending) F(model_stats, shms_model_stats, failures)  \
+  F(model_stats, shms_model_stats, durations)                                           \
+  F(model_stats, shms_model_stats, batch_requests)                                      \
+  F(model_stats, shms_model_stats, batch_stats) F(model_stats, shms_model_stats, latency) \
   S(shadow, shms_shadow)                                                                \
   F(shadow, shms_shadow, client_id) F(shadow, shms_shadow, slot)                        \
   F(shadow, shms_shadow, generation) F(shadow, shms_shadow, lease)                      \
-  F(shadow, shms_shadow, batch_rows) F(shadow, shms_shadow, request)                    \
+  F(shadow, shms_shadow, batch_rows) F(shadow, shms_shadow, taken_ns)                   \
+  F(shadow, shms_shadow, request)                                                       \
   S(mailbox, shms_mailbox)                                                              \
   F(mailbox, shms_mailbox, state) F(mailbox, shms_mailbox, worker_sleeping)             \
   F(mailbox, shms_mailbox, n) F(mailbox, shms_mailbox, pid)                             \
   F(mailbox, shms_mailbox, batcher_waiting) F(mailbox, shms_mailbox, attempt)           \
+  F(mailbox, shms_mailbox, wakeups) F(mailbox, shms_mailbox, executions)                \
   F(mailbox, shms_mailbox, shadow)                                                      \
   S(server, shms_server_header)                                                         \
   F(server, shms_server_header, magic) F(server, shms_server_header, version)           \
@@ -467,6 +519,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 88, "shms_server_header size");
   F(server, shms_server_header, shadows_offset)                                         \
   F(server, shms_server_header, mailboxes_offset)                                       \
   F(server, shms_server_header, segment_bytes) F(server, shms_server_header, ring_pos)    \
-  F(server, shms_server_header, drain_since_ns)
+  F(server, shms_server_header, drain_since_ns)                                         \
+  F(server, shms_server_header, batcher_wakeups)
 
 #endif /* SHMS_LAYOUT_H */

@@ -172,9 +172,11 @@ static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
     shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_SUBMITTED);
     return SHMS_TAKE_STALE;
   }
-  s->t_ns[SHMS_T_DEQUEUE] = shms_now_ns();
+  uint64_t taken = shms_now_ns();
+  s->t_ns[SHMS_T_DEQUEUE] = taken;
   /* Copy first, then validate the copy: the client cannot change what we check. */
   memcpy(&sh->request, &s->request, sizeof(shms_request));
+  sh->taken_ns = taken;
   sh->client_id = client_id;
   sh->slot = slot_index;
   sh->generation = gen;

@@ -179,19 +179,4 @@ static inline uint32_t shms_mailbox_batch(const shms_mailbox *mb, const uint32_t
   return mb->n < SHMS_MAX_BATCH_REQUESTS ? mb->n : SHMS_MAX_BATCH_REQUESTS;
 }
 
-/* Worker: statistics of one execution of n requests and `rows` rows, ok of them
- * answered OK. Recorded before the answers go out, so that a caller that reads the
- * statistics after its answer sees its request. */
-static inline void shms_model_record_batch(shms_model_entry *m, uint32_t n, uint32_t rows,
-                                           uint32_t ok, uint64_t compute_ns) {
-  shms_fetch_add(&m->execution_count, 1u, memory_order_relaxed);
-  shms_fetch_add(&m->compute_ns, compute_ns, memory_order_relaxed);
-  shms_fetch_add(&m->inference_count, rows, memory_order_relaxed);
-  shms_fetch_add(&m->request_success, ok, memory_order_relaxed);
-  shms_fetch_add(&m->request_failure, n - ok, memory_order_relaxed);
-  if (n > 0)
-    shms_fetch_add(&m->batch_requests[(n < SHMS_BATCH_HIST ? n : SHMS_BATCH_HIST) - 1], 1u,
-                   memory_order_relaxed);
-}
-
 #endif /* SHMS_SLOT_H */

@@ -55,7 +55,8 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
 }
 
 /* Wait until *word != seen: spin spin_ns first, then sleep on the futex (at most
- * timeout_ns in all, <0 forever). Returns 1 if the word moved, 0 on timeout. */
+ * timeout_ns in all, <0 forever). Returns SHMS_WAKE_SPIN (1) if the word moved while
+ * spinning, SHMS_WAKE_SLEEP (2) if after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout. */
 static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
                                      SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
                                      int64_t spin_ns, int64_t timeout_ns) {
@@ -72,12 +73,12 @@ static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
     int64_t left = -1;
     if (timeout_ns >= 0) {
       left = timeout_ns - (int64_t)(shms_now_ns() - start);
-      if (left <= 0) return shms_load(word, memory_order_acquire) != seen;
+      if (left <= 0) return shms_load(word, memory_order_acquire) != seen ? 2 : 0;
     }
     shms_fetch_add(sleeping, 1u, memory_order_seq_cst);
     if (shms_load(word, memory_order_seq_cst) == seen) shms_futex_wait(word, seen, left);
     shms_fetch_add(sleeping, (uint32_t)-1, memory_order_seq_cst);
-    if (shms_load(word, memory_order_acquire) != seen) return 1;
+    if (shms_load(word, memory_order_acquire) != seen) return 2;
   }
 }
 #endif /* __linux__ */

@@ -12,6 +12,7 @@
  *   shms_segments.h  segment geometry, header writers and checkers
  *   shms_request.h   the batcher's take and validation of a request
  *   shms_slot.h      a slot's life: submit, push, read the answer, complete; mailboxes
+ *   shms_stats.h     a model's statistics: durations, failures, latency histograms
  *
  * Build as C11 or C++11 (or later) with -D_GNU_SOURCE, or include this header first.
  */
@@ -29,5 +30,6 @@
 #include "shms_segments.h"
 #include "shms_request.h"
 #include "shms_slot.h"
+#include "shms_stats.h"
 
 #endif /* SHMSERVE_H */

@@ -297,31 +297,6 @@ static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* model_stats(off) -> dict of a model entry's counters; batch_requests as
- * {requests per execution: executions}. */
-static PyObject *m_model_stats(Mapping *self, PyObject *arg) {
-  shms_model_entry *m =
-      (shms_model_entry *)shms_py_at(self, PyLong_AsUnsignedLongLong(arg), sizeof *m, 8);
-  if (!m) return NULL;
-  PyObject *hist = PyDict_New();
-  for (int n = 0; hist && n < SHMS_BATCH_HIST; n++) {
-    uint64_t v = shms_load(&m->batch_requests[n], memory_order_relaxed);
-    if (!v) continue;
-    PyObject *k = PyUnicode_FromFormat("%d", n + 1), *val = PyLong_FromUnsignedLongLong(v);
-    if (!k || !val || PyDict_SetItem(hist, k, val) < 0) Py_CLEAR(hist);
-    Py_XDECREF(k);
-    Py_XDECREF(val);
-  }
-  if (!hist) return NULL;
-#define STAT(f) (unsigned long long)shms_load(&m->f, memory_order_relaxed)
-  return Py_BuildValue("{sKsKsKsKsKsKsN}", "request_success", STAT(request_success),
-                       "request_failure", STAT(request_failure), "inference_count",
-                       STAT(inference_count), "execution_count", STAT(execution_count),
-                       "compute_ns", STAT(compute_ns), "queue_ns", STAT(queue_ns),
-                       "batch_requests", hist);
-#undef STAT
-}
-
 /* ---------------------------------------------------------------- client side */
 
 /* Client: write_request(slot_off, generation, model_id, inputs, outputs) fills a FREE
@@ -449,16 +424,16 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
                        (Py_ssize_t)(nk * sizeof(int64_t)));
 }
 
-/* read_shadow(off) -> (client_id, slot, generation, lease, batch_rows, inputs, outputs)
- * from a validated shms_shadow in the server segment. */
+/* read_shadow(off) -> (client_id, slot, generation, lease, batch_rows, inputs, outputs,
+ * taken_ns) from a validated shms_shadow in the server segment. */
 static PyObject *m_read_shadow(Mapping *self, PyObject *arg) {
   shms_shadow *sh =
       (shms_shadow *)shms_py_at(self, PyLong_AsUnsignedLongLong(arg), sizeof(shms_shadow), 8);
   if (!sh) return NULL;
   const shms_request *r = &sh->request;
-  return Py_BuildValue("(IIIIINN)", sh->client_id, sh->slot, sh->generation, sh->lease,
+  return Py_BuildValue("(IIIIINNK)", sh->client_id, sh->slot, sh->generation, sh->lease,
                        sh->batch_rows, refs_to_list(r->inputs, r->n_inputs),
-                       refs_to_list(r->outputs, r->n_outputs));
+                       refs_to_list(r->outputs, r->n_outputs), (unsigned long long)sh->taken_ns);
 }
 
 /* stamp(slot_off, which): record a timestamp in a slot (server side). */
@@ -545,17 +520,6 @@ static PyObject *m_mailbox_batch(Mapping *self, PyObject *arg) {
   return out;
 }
 
-/* Worker: record_batch(model_off, n_requests, rows, n_ok, compute_ns). */
-static PyObject *m_record_batch(Mapping *self, PyObject *args) {
-  unsigned long long off, compute_ns;
-  unsigned int n, rows, ok;
-  if (!PyArg_ParseTuple(args, "KIIIK", &off, &n, &rows, &ok, &compute_ns)) return NULL;
-  shms_model_entry *m = (shms_model_entry *)shms_py_at(self, off, sizeof(shms_model_entry), 8);
-  if (!m) return NULL;
-  shms_model_record_batch(m, n, rows, ok, compute_ns);
-  Py_RETURN_NONE;
-}
-
 PyMethodDef shms_py_slot_methods[] = {
     {"check_header", (PyCFunction)m_check_header, METH_O,
      "Raise ValueError unless this is a 'control', 'arena' or 'server' segment of this version."},
@@ -568,7 +532,6 @@ PyMethodDef shms_py_slot_methods[] = {
      "(state, generation, segment_bytes, path) of a client table entry."},
     {"write_model_entry", (PyCFunction)m_write_model_entry, METH_VARARGS,
      "Coordinator: a model table entry."},
-    {"model_stats", (PyCFunction)m_model_stats, METH_O, "A model entry's counters."},
     {"write_request", (PyCFunction)m_write_request, METH_VARARGS, "Client: fill and submit a slot."},
     {"push_request", (PyCFunction)m_push_request, METH_VARARGS,
      "Client: push a slot's ring entry with the protocol's retries."},
@@ -583,5 +546,4 @@ PyMethodDef shms_py_slot_methods[] = {
     {"complete", (PyCFunction)m_complete, METH_VARARGS, "Server: answer a slot."},
     {"mailbox_assign", (PyCFunction)m_mailbox_assign, METH_VARARGS, "Batcher: hand a batch over."},
     {"mailbox_batch", (PyCFunction)m_mailbox_batch, METH_O, "Worker: the batch in a mailbox."},
-    {"record_batch", (PyCFunction)m_record_batch, METH_VARARGS, "Worker statistics of a batch."},
     {NULL}};

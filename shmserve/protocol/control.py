@@ -95,14 +95,24 @@ class GetConfig(Message):
 
 @dataclasses.dataclass
 class GetStats(Message):
+    """Triton's statistics extension: every model, every version of `model`, or one."""
     OP: ClassVar[str] = "stats"
     model: str | None = None  # None: every model
+    version: int | None = None
+    histograms: bool = False  # add each duration's latency histogram (sparse)
+
+
+@dataclasses.dataclass
+class GetStatus(Message):
+    """The server at a glance (`shmserve status`, the metrics endpoint): every model's
+    statistics with histograms, instances, clients, ring depth, batcher."""
+    OP: ClassVar[str] = "status"
 
 
 REQUESTS: dict[str, type[Message]] = {c.OP: c for c in (Hello, ListModels, GetMetadata,
-                                                         GetConfig, GetStats)}
-OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS = (
-    Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP)
+                                                         GetConfig, GetStats, GetStatus)}
+OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS, OP_STATUS = (
+    Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP, GetStatus.OP)
 
 
 # -- replies (coordinator -> client)
@@ -147,7 +157,12 @@ class ModelConfig(Message):
 
 @dataclasses.dataclass
 class StatsReply(Message):
-    models: list  # [{name, version, state, request_success, ..., batch_requests}]
+    model_stats: list  # [model_stat of Triton's statistics extension + "shmserve"]
+
+
+@dataclasses.dataclass
+class StatusReply(Message):
+    status: dict  # Coordinator.server_status(histograms=True), docs/operating.md
 
 
 @dataclasses.dataclass
@@ -166,7 +181,7 @@ class ErrorReply(Message):
 
 REPLIES: dict[type[Message], type[Message]] = {
     Hello: HelloReply, ListModels: ModelList, GetMetadata: ModelMetadata,
-    GetConfig: ModelConfig, GetStats: StatsReply}
+    GetConfig: ModelConfig, GetStats: StatsReply, GetStatus: StatusReply}
 
 
 class UnknownOperation(ValueError):

@@ -35,3 +35,6 @@ MailboxState = enum.IntEnum("MailboxState", _ENUMS["MailboxState"], module=__nam
 MemoryKind = enum.IntEnum("MemoryKind", _ENUMS["MemoryKind"], module=__name__)
 RingResult = enum.IntEnum("RingResult", _ENUMS["RingResult"], module=__name__)
 PopResult = enum.IntEnum("PopResult", _ENUMS["PopResult"], module=__name__)
+Duration = enum.IntEnum("Duration", _ENUMS["Duration"], module=__name__)
+FailureReason = enum.IntEnum("FailureReason", _ENUMS["FailureReason"], module=__name__)
+Wake = enum.IntEnum("Wake", _ENUMS["Wake"], module=__name__)

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from .._core import now_ns
-from ..protocol import LAYOUT, MAILBOX_RETIRED, MailboxState, Status, Timestamp
+from ..protocol import LAYOUT, MAILBOX_RETIRED, Duration, FailureReason, MailboxState, Status, Timestamp
 from .intake import Intake
 from .maps import ServerMaps, child_setup
 from .repository import ModelSpec
@@ -33,6 +33,7 @@ class Model:
     spec: ModelSpec
     workers: list[int]  # its instances' worker indexes
     scheduler: Scheduler
+    pending: int = 0  # queue length last written to the model's statistics
 
 
 class Batcher:
@@ -91,6 +92,9 @@ class Batcher:
                     # An idle instance takes it by the deadline; with none, the policy
                     # waits for an event, a worker going idle among them.
                     waiting_for_more = wait_until is not None
+            if len(s) != m.pending:  # nv_inference_pending_request_count
+                m.pending = len(s)
+                srv.set_pending(layout.model(m.model_id), m.pending)
             if len(s) and busy and not waiting_for_more:
                 # Requests are left and every live instance is busy (some just got a
                 # batch): each must ring the doorbell when it goes idle, or the rest
@@ -108,18 +112,17 @@ class Batcher:
         for p in m.scheduler.drain():
             self.intake.reject(m.model_id, Rejection(
                 p, Status.UNAVAILABLE, f"model '{m.spec.name}' is not available (its workers "
-                "crash-looped; see `shmserve models`)"))
+                "crash-looped; see `shmserve models`)", FailureReason.BACKEND))
 
     def hand_over(self, q: Model, worker: int, batch: list[Pending], now: int) -> None:
         # A request whose lease ended while queued has no arena any more (unmapped).
         batch = [p for p in batch if p.arena.ops is not None]
         if not batch:
             return
-        queue_ns = 0
         for p in batch:
             p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)
-            queue_ns += now - p.arrived_ns
-        self.maps.model_add(q.model_id, "queue_ns", queue_ns)
+        self.maps.srv.record_waits(self.maps.layout.model(q.model_id), Duration.QUEUE,
+                                   [p.arrived_ns for p in batch])
         # SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
         # worker's doorbell_wait on its mailbox state.
         self.maps.srv.mailbox_assign(self.maps.layout.mailbox(worker), [p.shadow for p in batch])
@@ -148,7 +151,9 @@ class Batcher:
             busy = any(self.maps.srv.load32(off) for off in states)
             # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
             started = now_ns()
-            if ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin.budget_ns(), timeout):
+            woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin.budget_ns(), timeout)
+            if woke:
+                self.maps.count_wake(L["server.batcher_wakeups"], woke)
                 if not busy:
                     spin.record(now_ns() - started)
             elif deadline is None and not self.maps.parent_alive():

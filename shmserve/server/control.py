@@ -15,6 +15,7 @@ import time
 from .. import protocol as P
 from ..errors import ShmServeError, UnavailableError
 from ..protocol import LAYOUT as L
+from . import statistics
 from .segments import ArenaLayout, create_sealed
 
 log = logging.getLogger("shmserve.coordinator")
@@ -55,7 +56,8 @@ class ControlPlane:
         # The batcher and workers open the arena through this process's descriptor.
         path = f"/proc/{os.getpid()}/fd/{arena.fd}"
         srv.write_client_entry(entry, generation, peer_pid, peer_uid, alayout.segment_bytes, path)
-        self.leases[client_id] = {"arena": arena, "pid": peer_pid}
+        self.leases[client_id] = {"arena": arena, "pid": peer_pid, "uid": peer_uid,
+                                  "layout": alayout}
         log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
         return P.HelloReply(
             client_id=client_id, generation=generation, control_bytes=self.control.size,
@@ -117,17 +119,90 @@ class ControlPlane:
                             f"(available: {sorted(self.specs[i].version for i in matches)})",
                             P.Status.NOT_FOUND)
 
-    def stats(self, name: str | None) -> list[dict]:
-        out = []
-        srv = self.server.ops
-        for model_id, spec in enumerate(self.specs):
-            if name and spec.name != name:
-                continue
-            row = {"name": spec.name, "version": spec.version,
-                   "state": self.model_state.get(model_id, "LOADING")}
-            row.update(srv.model_stats(self.layout.model(model_id)))
-            out.append(row)
-        return out
+    def statistics(self, name: str | None = None, version: int | None = None,
+                   histograms: bool = False) -> list[dict]:
+        """Triton's statistics extension (statistics.py): every model version, every
+        version of `name`, or one version of it (an unknown one raises NOT_FOUND)."""
+        if name is None:
+            ids = range(len(self.specs))
+        elif version in (None, 0, -1):
+            self.find_model(name, None)  # unknown or broken: say so
+            ids = [i for i, s in enumerate(self.specs) if s.name == name]
+        else:
+            ids = [self.find_model(name, version)]
+        return [self.model_statistics(i, histograms) for i in ids]
+
+    def model_statistics(self, model_id: int, histograms: bool = False) -> dict:
+        spec, srv = self.specs[model_id], self.server.ops
+        instances = self.instance_rows(model_id)
+        memory = [{"type": "CPU", "id": i["instance"], "byte_size": i["rss_bytes"]}
+                  for i in instances if i["rss_bytes"]]
+        stat = statistics.model_statistics(
+            spec.name, spec.version, self.model_state.get(model_id, "LOADING"),
+            srv.model_stats(self.layout.model(model_id)), memory, histograms)
+        stat["shmserve"]["instances"] = instances
+        return stat
+
+    def client_rows(self) -> list[dict]:
+        """Each connected client's slots in use and the tensor bytes its requests in
+        flight name (read from its arena, which it writes: clamped, never trusted)."""
+        rows = []
+        ref, req = L["tensor_ref.size"], L["slot.request"]
+        for client_id, lease in sorted(self.leases.items()):
+            ops, layout = lease["arena"].ops, lease["layout"]
+            used = nbytes = 0
+            for i in range(layout.n_slots):
+                slot = layout.slot(i)
+                if ops.load32(slot + L["slot.state"]) == P.SlotState.FREE:
+                    continue
+                used += 1
+                for count, first in (("n_inputs", "inputs"), ("n_outputs", "outputs")):
+                    n = min(ops.load32(slot + req + L[f"request.{count}"]), P.MAX_TENSORS)
+                    for k in range(n):
+                        nbytes += ops.load64(slot + req + L[f"request.{first}"] + k * ref
+                                             + L["tensor_ref.nbytes"])
+            rows.append({"client": client_id, "pid": lease["pid"], "uid": lease.get("uid"),
+                         "slots": layout.n_slots, "slots_in_use": used,
+                         "arena_bytes": layout.segment_bytes,
+                         "bytes_in_flight": min(nbytes, layout.segment_bytes)})
+        return rows
+
+    def server_status(self, histograms: bool = False) -> dict:
+        """Everything the metrics endpoint and `shmserve status` show, in one read."""
+        enq = self.control.ops.load64(L["control.enqueue_pos"])
+        taken = self.server.ops.load64(L["server.ring_pos"])
+        batcher = next((c for c in self.children if c.role == "batcher"), None)
+        return {"models": self.statistics(histograms=histograms),
+                "broken": [{"name": p.name, "version": p.version, "state": p.state}
+                           for p in self.broken],
+                "ring_depth": max(0, min(enq - taken, self.ring_capacity)),
+                "ring_capacity": self.ring_capacity,
+                "clients": self.client_rows(), "max_clients": self.opts.max_clients,
+                "batcher": {"pid": batcher.proc.pid if batcher and batcher.proc else None,
+                            "restarts": batcher.restarts if batcher else 0,
+                            "wakeups": {w.name: self.server.ops.load64(
+                                L["server.batcher_wakeups"] + 8 * w)
+                                for w in (P.Wake.SPIN, P.Wake.SLEEP)}},
+                "uptime_s": time.monotonic() - self.started_at}
+
+    def instance_rows(self, model_id: int) -> list[dict]:
+        """The model's instances as the supervisor and their mailboxes see them."""
+        srv, rows = self.server.ops, []
+        workers = [c for c in self.children
+                   if c.role == "worker" and c.boot["model_id"] == model_id]
+        for n, child in enumerate(workers):
+            mb = self.layout.mailbox(child.boot["worker_index"])
+            proc = child.proc
+            pid = proc.pid if proc is not None and proc.poll() is None else None
+            state = ("RETIRED" if child.retired else "RESTARTING" if pid is None
+                     else "BUSY" if srv.load32(mb + L["mailbox.state"]) == P.MailboxState.ASSIGNED
+                     else "IDLE")
+            rows.append({"instance": n, "pid": pid, "state": state, "restarts": child.restarts,
+                         "executions": srv.load64(mb + L["mailbox.executions"]),
+                         "wakeups": {w.name: srv.load64(mb + L["mailbox.wakeups"] + 8 * w)
+                                     for w in (P.Wake.SPIN, P.Wake.SLEEP)},
+                         "rss_bytes": _rss_bytes(pid)})
+        return rows
 
     def handle(self, msg: P.Message, lease: dict) -> P.Message:
         if isinstance(msg, P.Hello):
@@ -144,7 +219,9 @@ class ControlPlane:
         if isinstance(msg, P.GetConfig):
             return P.ModelConfig(self.specs[self.find_model(msg.model, msg.version)].config_text)
         if isinstance(msg, P.GetStats):
-            return P.StatsReply(self.stats(msg.model))
+            return P.StatsReply(self.statistics(msg.model, msg.version, msg.histograms))
+        if isinstance(msg, P.GetStatus):
+            return P.StatusReply(self.server_status(histograms=True))
         raise ShmServeError(f"control operation {msg.OP!r} is not served", P.Status.INVALID_ARG)
 
     async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
@@ -214,3 +291,14 @@ async def send_with_fds(writer: asyncio.StreamWriter, frame: bytes, fds: list[in
         sock.close()  # the duplicate; the transport's own descriptor stays open
     if sent < len(frame):
         writer.write(frame[sent:])
+
+
+def _rss_bytes(pid: int | None) -> int:
+    """Resident memory of a live process (0 if it is gone)."""
+    if pid is None:
+        return 0
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

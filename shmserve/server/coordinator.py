@@ -45,6 +45,8 @@ class ServeOptions:
     idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
+    metrics_config: dict = dataclasses.field(default_factory=dict)  # --metrics-config k=v
+    metrics_interval_ms: int = 2000  # CPU/GPU gauges and summary windows refresh this often
     log_level: str = "INFO"
     group: str | None = None  # let this group's members be clients (the socket becomes 0660)
     exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
@@ -80,6 +82,8 @@ class Coordinator(ControlPlane, Supervisor):
         self.connections: set[asyncio.StreamWriter] = set()
         self._arena_counter = 0
         self.gid: int | None = None  # --group: its members may be clients too
+        self.started_at = time.monotonic()
+        self.ring_capacity = 0
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -111,6 +115,7 @@ class Coordinator(ControlPlane, Supervisor):
         ring = 1
         while ring < max(o.max_clients * o.slots_per_client, 64):
             ring <<= 1
+        self.ring_capacity = ring
         # Records first, so that a crash from here on can be cleaned by the next start.
         write_record(o.name, {"pid": os.getpid(), "prefix": self.prefix, "socket": str(self.sock_path)})
         self.control = create_sealed("shmserve-control", control_size(ring),
@@ -243,8 +248,15 @@ class Coordinator(ControlPlane, Supervisor):
         if self.opts.metrics_port is not None:
             from .metrics import serve_metrics
 
-            metrics = serve_metrics(lambda: self.stats(None), self.opts.metrics_port,
-                                    self.opts.metrics_address)
+            async def snapshot(histograms: bool) -> dict:
+                return self.server_status(histograms)
+
+            # The endpoint's thread reads the state in this loop, never beside it.
+            metrics = serve_metrics(
+                lambda histograms: asyncio.run_coroutine_threadsafe(
+                    snapshot(histograms), loop).result(10),
+                self.opts.metrics_port, self.opts.metrics_address, self.opts.metrics_config,
+                self.opts.metrics_interval_ms)
             log.info("metrics on http://%s:%d/metrics", self.opts.metrics_address,
                      self.opts.metrics_port)
         supervisor = asyncio.create_task(self.supervise(stop))
@@ -257,7 +269,7 @@ class Coordinator(ControlPlane, Supervisor):
             writer.close()
         await supervisor
         if metrics is not None:
-            metrics[0].shutdown()
+            metrics.shutdown()
 
 
 def load_models(opts: ServeOptions) -> tuple[list[ModelSpec], list[ModelProblem]]:

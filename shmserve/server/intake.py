@@ -97,8 +97,8 @@ class Intake:
             # The model id of the server's copy: the slot's own the client may rewrite.
             model_id = self.maps.srv.load32(layout.shadow(client_id, slot) + L["shadow.request"]
                                             + L["request.model_id"])
-            if model_id < self.n_models:
-                self.maps.model_add(model_id, "request_failure", 1)
+            if model_id < self.n_models:  # statistics first: the caller may read them next
+                self.maps.record_answers(model_id, [(status, now_ns())])
             arena.ops.complete(slot_off, gen, status, msg, [])
             return
         model_id, rows, key = taken
@@ -122,8 +122,8 @@ class Intake:
         p = r.pending
         if p.arena.ops is None:
             return
+        self.maps.record_answers(model_id, [(int(r.status), p.arrived_ns)], int(r.reason))
         p.arena.ops.complete(p.slot_off, p.generation, int(r.status), r.message, [])
-        self.maps.model_add(model_id, "request_failure", 1)
 
     def may_skip_claim(self, owner: int, head_seq: int) -> bool:
         """The ring head is claimed by `owner` and not published. Skip it if that

@@ -94,26 +94,34 @@ class ServerMaps:
         srv, mb = self.srv, self.layout.mailbox(worker)
         if srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE:
             return 0
-        answered = 0
+        answered = []
         for index in srv.mailbox_batch(mb):
             shadow = self.layout.shadow_at(index)
-            client_id, slot, generation, lease, _, _, _ = srv.read_shadow(shadow)
+            client_id, slot, generation, lease, _, _, _, taken_ns = srv.read_shadow(shadow)
             mapped = self.arena(client_id, lease)
             if mapped is not None:
                 arena, layout = mapped
-                answered += arena.ops.complete(layout.slot(slot), generation,
-                                               int(Status.UNAVAILABLE), message, [])
-        self.model_add(model_id, "request_failure", answered)
+                if arena.ops.complete(layout.slot(slot), generation, int(Status.UNAVAILABLE),
+                                      message, []):
+                    answered.append((int(Status.UNAVAILABLE), taken_ns))
+        self.record_answers(model_id, answered)  # after: only those answered count
         # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
         # mailbox state in dispatch(): only then may it hand this mailbox a new batch.
         srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
-        return answered
+        return len(answered)
 
     def ring_batcher(self) -> None:
         self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
 
-    def model_add(self, model_id: int, field: str, value: int) -> None:
-        self.srv.add64(self.layout.model(model_id) + L[f"model.{field}"], value)
+    def record_answers(self, model_id: int, answers: list, reason: int = -1) -> None:
+        """Statistics of requests answered now: [(status, taken_ns)], a failure under
+        `reason` (a FailureReason) if given, else the reason of its status."""
+        self.srv.record_answers(self.layout.model(model_id), answers, reason)
+
+    def count_wake(self, counters_off: int, how: int) -> None:
+        """A server process woke (Wake.SPIN or SLEEP): shmserve_wakeups_total."""
+        if how:
+            self.srv.add64(counters_off + 8 * how, 1)
 
     def parent_alive(self) -> bool:
         return os.getppid() == self.coordinator_pid

@@ -1,45 +1,45 @@
 """Prometheus metrics of the coordinator, in Triton's metric families so that
-existing dashboards carry over. Served on 127.0.0.1 unless told otherwise.
+existing dashboards and alerts carry over, plus shmserve's own under `shmserve_`.
+Served on 127.0.0.1 unless told otherwise (docs/operating.md lists every family).
 
-Per model and version (labels `model`, `version`), counters, as Triton names them:
+How the numbers get here without costing the hot path: the batcher and the workers
+add to counters and latency histograms in the server segment (csrc/shms_stats.h: a
+few relaxed atomic adds per request, no system call, no message); this endpoint's
+thread asks the coordinator's event loop for a snapshot (Coordinator.server_status)
+when scraped. CPU, memory and GPU gauges and the summaries' sliding window are
+refreshed every --metrics-interval-ms by a thread of their own.
 
-- nv_inference_request_success, nv_inference_request_failure: requests answered
-  OK / with an error (each request counts 1 whatever its batch size);
-- nv_inference_count: inferences, i.e. batch rows; nv_inference_exec_count: model
-  executions (dynamic batches);
-- nv_inference_queue_duration_us: cumulative time requests waited in the batcher's
-  queue (from the batcher taking the request off the ring until it handed the batch
-  to a worker), summed over requests. Triton adds the queue time of successful
-  requests only; shmserve adds it for every request handed to a worker, also those
-  whose execution then failed.
-
-shmserve's own families: shmserve_model_ready (gauge), shmserve_execution_duration_us
-(counter: cumulative model execution time summed over *executions*, i.e. batches)
-and shmserve_batches_by_requests (counter: executions by number of requests batched
-together).
-
-Not provided yet, because the server does not measure them:
-
-- nv_inference_request_duration_us (end-to-end request handling time);
-- nv_inference_compute_input_duration_us, nv_inference_compute_output_duration_us
-  (input gathering and output scattering are not timed apart from execution);
-- nv_inference_compute_infer_duration_us: Triton sums the execution time over
-  *requests* (a batch of 4 requests that ran 1 ms adds 4 ms); the server keeps it
-  per execution only (compute_ns), which is not that number for batches of several
-  requests, so it is exposed as shmserve_execution_duration_us instead;
-- nv_inference_pending_request_count, the *_summary_us summaries, the response cache
-  families (nv_cache_*), and the GPU/CPU families (nv_gpu_*, nv_cpu_*, nv_energy_*).
+Per model and version (labels model, version), as Triton names them:
+- counters nv_inference_request_success, nv_inference_request_failure {reason:
+  REJECTED | CANCELED | BACKEND | OTHER}, nv_inference_count, nv_inference_exec_count;
+- counters (counter_latencies, on by default) nv_inference_request_duration_us,
+  _queue_duration_us, _compute_input_duration_us, _compute_infer_duration_us,
+  _compute_output_duration_us: microseconds summed over requests;
+- gauge nv_inference_pending_request_count: requests queued in the batcher;
+- summaries (--metrics-config summary_latencies=true) nv_inference_request_summary_us,
+  _queue_summary_us, _compute_input/_infer/_output_summary_us: quantiles
+  (summary_quantiles) over the last SUMMARY_WINDOW_S seconds, read from the
+  histograms (within 6 %), _count and _sum since the start.
+Machine-wide (--allow-cpu-metrics): nv_cpu_utilization, nv_cpu_memory_total_bytes,
+nv_cpu_memory_used_bytes; per GPU (--allow-gpu-metrics, where NVML finds one):
+nv_gpu_utilization, nv_gpu_memory_total_bytes, nv_gpu_memory_used_bytes,
+nv_gpu_power_usage, nv_gpu_power_limit, nv_energy_consumption.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
+
+from ..errors import ConfigError
+from . import statistics
 
 log = logging.getLogger("shmserve.metrics")
 
@@ -62,59 +62,313 @@ log = logging.getLogger("shmserve.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+SUMMARY_WINDOW_S = 60.0  # prometheus-cpp's default max_age, Triton's summaries' window
+DEFAULT_QUANTILES = "0.5:0.05,0.9:0.01,0.95:0.001,0.99:0.001,0.999:0.001"
+LABELS = ("model", "version")
+
+# Triton family -> (inference_stats duration(s), help), microseconds summed over requests
+_DURATIONS = {
+    "nv_inference_request_duration_us": (
+        ("success", "fail"), "Cumulative inference request duration in microseconds"),
+    "nv_inference_queue_duration_us": (
+        ("queue",), "Cumulative inference queuing duration in microseconds"),
+    "nv_inference_compute_input_duration_us": (
+        ("compute_input",), "Cumulative compute input duration in microseconds"),
+    "nv_inference_compute_infer_duration_us": (
+        ("compute_infer",), "Cumulative compute inference duration in microseconds"),
+    "nv_inference_compute_output_duration_us": (
+        ("compute_output",), "Cumulative inference compute output duration in microseconds"),
+}
+_SUMMARIES = {
+    "nv_inference_request_summary_us": (("success", "fail"), "inference request duration"),
+    "nv_inference_queue_summary_us": (("queue",), "inference queuing duration"),
+    "nv_inference_compute_input_summary_us": (("compute_input",), "compute input duration"),
+    "nv_inference_compute_infer_summary_us": (("compute_infer",), "compute inference duration"),
+    "nv_inference_compute_output_summary_us": (("compute_output",), "compute output duration"),
+}
+_BOOL = {"true": True, "1": True, "false": False, "0": False}
+
+
+def parse_metrics_config(items: list[str]) -> dict:
+    """--metrics-config key=value (repeatable), as Triton takes it; a ConfigError names
+    a key or value it does not know."""
+    config = {"counter_latencies": True, "summary_latencies": False,
+              "histogram_latencies": False, "summary_quantiles": parse_quantiles(DEFAULT_QUANTILES)}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep:
+            raise ConfigError(f"--metrics-config {item!r}: expected key=value")
+        if key == "summary_quantiles":
+            config[key] = parse_quantiles(value)
+        elif key in ("counter_latencies", "summary_latencies", "histogram_latencies"):
+            if value.lower() not in _BOOL:
+                raise ConfigError(f"--metrics-config {key}={value}: expected true or false")
+            config[key] = _BOOL[value.lower()]
+        else:
+            raise ConfigError(f"--metrics-config: unknown setting {key!r} (known: "
+                              "counter_latencies, summary_latencies, summary_quantiles, "
+                              "histogram_latencies)")
+    return config
+
+
+def parse_quantiles(text: str) -> list[float]:
+    """Triton's summary_quantiles "<quantile>:<error>,...". The error is accepted and
+    not needed: quantiles are read from histograms, within their bucket width."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.strip('"').split(","))):
+        q = part.split(":", 1)[0]
+        try:
+            value = float(q)
+        except ValueError:
+            raise ConfigError(f"--metrics-config summary_quantiles: {part!r} is not "
+                              "<quantile>:<error>") from None
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"--metrics-config summary_quantiles: {value} is not in [0, 1]")
+        out.append(value)
+    if not out:
+        raise ConfigError("--metrics-config summary_quantiles: no quantile given")
+    return out
+
+
 def _counter(name: str, text: str) -> Metric:
     """A counter family whose samples keep Triton's exact names (see above)."""
     return Metric(name, text, "counter")
 
 
-# Triton family -> (statistics field, divisor to Triton's unit, help)
-_COUNTERS = {
-    "nv_inference_request_success": (
-        "request_success", 1, "Number of successful inference requests, all batch sizes"),
-    "nv_inference_request_failure": (
-        "request_failure", 1, "Number of failed inference requests, all batch sizes"),
-    "nv_inference_count": (
-        "inference_count", 1, "Number of inferences performed (does not include cached requests)"),
-    "nv_inference_exec_count": (
-        "execution_count", 1,
-        "Number of model executions performed (does not include cached requests)"),
-    "nv_inference_queue_duration_us": (
-        "queue_ns", 1000, "Cumulative inference queuing duration in microseconds"),
-    "shmserve_execution_duration_us": (
-        "compute_ns", 1000,
-        "Cumulative model execution duration in microseconds, summed over executions "
-        "(batches), not over requests"),
-}
+def _key(stat: dict) -> dict:
+    return {"model": stat["name"], "version": str(stat["version"])}
+
+
+class Sampler:
+    """What Triton updates per interval: CPU and memory (psutil), GPUs (NVML, when
+    the package and a device are there), and the histogram snapshots that give the
+    summaries their sliding window. One thread; collect() reads its latest values."""
+
+    def __init__(self, snapshot, config: dict, interval_ms: int):
+        self.snapshot, self.config = snapshot, config
+        self.interval_s = max(interval_ms, 10) / 1000.0
+        self.window: collections.deque = collections.deque()  # (monotonic, {key: hists})
+        self.cpu: dict = {}
+        self.gpus: list[dict] = []
+        self.nvml = _nvml() if config.get("gpu", True) else None
+        self.energy_start: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="shmserve-metrics-sampler", daemon=True)
+
+    def run(self) -> None:
+        import psutil
+
+        psutil.cpu_percent(None)  # the first call starts the interval
+        while not self.stop.wait(self.interval_s):
+            try:
+                self.sample(psutil)
+            except Exception as e:  # a failed sample must not stop the next one
+                log.debug("metrics: sampling failed: %r", e)
+
+    def sample(self, psutil) -> None:
+        if self.config.get("cpu", True):
+            mem = psutil.virtual_memory()
+            self.cpu = {"utilization": psutil.cpu_percent(None) / 100.0,
+                        "total": mem.total, "used": mem.total - mem.available}
+        if self.nvml is not None:
+            self.gpus = _gpu_readings(self.nvml, self.energy_start)
+        if self.config["summary_latencies"]:
+            now = time.monotonic()
+            status = self.snapshot(True)
+            self.window.append((now, {(s["name"], s["version"]): s["shmserve"]["histograms"]
+                                      for s in status["models"]}))
+            while self.window and now - self.window[0][0] > SUMMARY_WINDOW_S:
+                self.window.popleft()
+
+    def window_start(self, key, kind: str):
+        """The histogram of (model, version) and kind at the start of the window."""
+        for _, hists in self.window:
+            if key in hists:
+                return statistics.dense(hists[key][kind])
+        return None
 
 
 class StatsCollector:
-    """Reads the counters the batcher and workers keep in the server segment."""
+    """The families, from one coordinator snapshot per scrape."""
 
-    def __init__(self, stats_fn):
-        self.stats_fn = stats_fn  # () -> list of per-model rows (Coordinator.stats(None))
+    def __init__(self, snapshot, sampler: Sampler):
+        self.snapshot, self.sampler, self.config = snapshot, sampler, sampler.config
 
     def collect(self):
-        rows = self.stats_fn()
-        labels = ["model", "version"]
-        for family, (field, divisor, text) in _COUNTERS.items():
+        status = self.snapshot(self.config["summary_latencies"])
+        models = status["models"]
+        yield from self.counts(models)
+        if self.config["counter_latencies"]:
+            yield from self.durations(models)
+        pending = GaugeMetricFamily("nv_inference_pending_request_count",
+                                    "Instantaneous number of pending requests awaiting "
+                                    "execution per-model.", labels=LABELS)
+        for s in models:
+            pending.add_metric(list(_key(s).values()), s["shmserve"]["pending"])
+        yield pending
+        if self.config["summary_latencies"]:
+            yield from self.summaries(models)
+        yield from self.machine()
+        yield from self.own(status)
+
+    def counts(self, models):
+        success = _counter("nv_inference_request_success",
+                           "Number of successful inference requests, all batch sizes")
+        failure = _counter("nv_inference_request_failure",
+                           "Number of failed inference requests, all batch sizes")
+        count = _counter("nv_inference_count",
+                         "Number of inferences performed (does not include cached requests)")
+        execs = _counter("nv_inference_exec_count",
+                         "Number of model executions performed (does not include cached requests)")
+        for s in models:
+            key = _key(s)
+            success.add_sample(success.name, key, s["inference_stats"]["success"]["count"])
+            for reason, n in s["shmserve"]["failures"].items():
+                failure.add_sample(failure.name, {**key, "reason": reason}, n)
+            count.add_sample(count.name, key, s["inference_count"])
+            execs.add_sample(execs.name, key, s["execution_count"])
+        yield from (success, failure, count, execs)
+
+    def durations(self, models):
+        for family, (kinds, text) in _DURATIONS.items():
             metric = _counter(family, text)
-            for row in rows:
-                # integers (whole microseconds, like Triton's counters): exact at any size
-                metric.add_sample(family, {"model": row["name"], "version": str(row["version"])},
-                                  int(row[field]) // divisor)
+            for s in models:
+                ns = sum(s["inference_stats"][k]["ns"] for k in kinds)
+                metric.add_sample(family, _key(s), ns // 1000)  # whole µs, as Triton
             yield metric
+
+    def summaries(self, models):
+        qs = self.config["summary_quantiles"]
+        for family, (kinds, what) in _SUMMARIES.items():
+            metric = Metric(family, f"Summary of {what} in microseconds", "summary")
+            for s in models:
+                key, hists = _key(s), s["shmserve"]["histograms"]
+                now = sum(statistics.dense(hists[k]) for k in kinds)
+                starts = [self.sampler.window_start((s["name"], s["version"]), k) for k in kinds]
+                window = now - sum(starts) if all(x is not None for x in starts) else now
+                for q, v in zip(qs, statistics.quantiles(window, qs)):
+                    metric.add_sample(family, {**key, "quantile": floatToGoString(q)},
+                                      float("nan") if v is None else v / 1000.0)
+                metric.add_sample(family + "_count", key,
+                                  sum(s["inference_stats"][k]["count"] for k in kinds))
+                metric.add_sample(family + "_sum", key,
+                                  sum(s["inference_stats"][k]["ns"] for k in kinds) / 1000.0)
+            yield metric
+
+    def machine(self):
+        cpu = self.sampler.cpu
+        if cpu:
+            for name, field, text in (
+                    ("nv_cpu_utilization", "utilization", "CPU utilization rate [0.0 - 1.0]"),
+                    ("nv_cpu_memory_total_bytes", "total", "CPU total memory (RAM), in bytes"),
+                    ("nv_cpu_memory_used_bytes", "used", "CPU used memory (RAM), in bytes")):
+                yield GaugeMetricFamily(name, text, value=cpu[field])
+        if self.sampler.gpus:
+            for name, text in _GPU_FAMILIES.items():
+                metric = (_counter(name, text) if name == "nv_energy_consumption"
+                          else GaugeMetricFamily(name, text, labels=["gpu_uuid"]))
+                for gpu in self.sampler.gpus:
+                    if name in gpu:
+                        metric.add_sample(name, {"gpu_uuid": gpu["uuid"]}, gpu[name])
+                yield metric
+
+    def own(self, status: dict):
         ready = GaugeMetricFamily("shmserve_model_ready", "1 when every instance loaded",
-                                  labels=labels)
+                                  labels=LABELS)
         batches = _counter("shmserve_batches_by_requests",
                            "Executions by number of requests batched together")
-        for row in rows:
-            key = [row["name"], str(row["version"])]
-            ready.add_metric(key, float(row["state"] == "READY"))
-            for n, count in sorted(row["batch_requests"].items(), key=lambda kv: int(kv[0])):
-                batches.add_sample("shmserve_batches_by_requests",
-                                   {"model": key[0], "version": key[1], "requests": str(n)}, count)
-        yield ready
-        yield batches
+        restarts = _counter("shmserve_instance_restarts",
+                            "Restarts of a model instance's worker process")
+        executions = _counter("shmserve_instance_executions", "Batches a model instance ran")
+        wakeups = _counter("shmserve_wakeups",
+                           "Wake-ups of server processes: after spinning or after sleeping "
+                           "(futex), by role")
+        for s in status["models"]:
+            key = _key(s)
+            ready.add_metric(list(key.values()), float(s["shmserve"]["state"] == "READY"))
+            for n, count in s["shmserve"]["batch_requests"].items():
+                batches.add_sample(batches.name, {**key, "requests": str(n)}, count)
+            for inst in s["shmserve"]["instances"]:
+                labels = {**key, "instance": str(inst["instance"])}
+                restarts.add_sample(restarts.name, labels, inst["restarts"])
+                executions.add_sample(executions.name, labels, inst["executions"])
+                for how, n in inst["wakeups"].items():
+                    wakeups.add_sample(wakeups.name, {"role": "worker", **labels,
+                                                      "how": how.lower()}, n)
+        batcher = status["batcher"]
+        for how, n in batcher["wakeups"].items():
+            wakeups.add_sample(wakeups.name, {"role": "batcher", "model": "", "version": "",
+                                              "instance": "", "how": how.lower()}, n)
+        yield from (ready, batches, restarts, executions, wakeups)
+        yield _counter_value("shmserve_batcher_restarts", "Restarts of the batcher process",
+                             batcher["restarts"])
+        yield GaugeMetricFamily("shmserve_ring_depth", "Requests pushed on the ring and not "
+                                "yet taken by the batcher", value=status["ring_depth"])
+        yield GaugeMetricFamily("shmserve_connected_clients", "Clients holding a lease",
+                                value=len(status["clients"]))
+        slots = GaugeMetricFamily("shmserve_client_slots_in_use",
+                                  "Request slots of a client not FREE", labels=["client", "pid"])
+        inflight = GaugeMetricFamily("shmserve_client_bytes_in_flight",
+                                     "Tensor bytes named by a client's requests in flight",
+                                     labels=["client", "pid"])
+        arena = GaugeMetricFamily("shmserve_client_arena_bytes", "Size of a client's arena",
+                                  labels=["client", "pid"])
+        for c in status["clients"]:
+            labels = [str(c["client"]), str(c["pid"])]
+            slots.add_metric(labels, c["slots_in_use"])
+            inflight.add_metric(labels, c["bytes_in_flight"])
+            arena.add_metric(labels, c["arena_bytes"])
+        yield from (slots, inflight, arena)
+
+
+def _counter_value(name: str, text: str, value) -> Metric:
+    metric = _counter(name, text)
+    metric.add_sample(name, {}, value)
+    return metric
+
+
+_GPU_FAMILIES = {
+    "nv_gpu_utilization": "GPU utilization rate [0.0 - 1.0)",
+    "nv_gpu_memory_total_bytes": "GPU total memory, in bytes",
+    "nv_gpu_memory_used_bytes": "GPU used memory, in bytes",
+    "nv_gpu_power_usage": "GPU power usage in watts",
+    "nv_gpu_power_limit": "GPU power management limit in watts",
+    "nv_energy_consumption": "GPU energy consumption in joules since the server started",
+}
+
+
+def _nvml():
+    """pynvml (PyPI nvidia-ml-py) initialised, or None without the package or a GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() == 0:
+            return None
+        return pynvml
+    except Exception:  # no package, no driver, no device: no GPU families
+        return None
+
+
+def _gpu_readings(nvml, energy_start: dict) -> list[dict]:
+    out = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = nvml.nvmlDeviceGetUUID(h)
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        mem = nvml.nvmlDeviceGetMemoryInfo(h)
+        row = {"uuid": uuid, "nv_gpu_utilization": nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
+               "nv_gpu_memory_total_bytes": mem.total, "nv_gpu_memory_used_bytes": mem.used}
+        try:
+            row["nv_gpu_power_usage"] = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
+            row["nv_gpu_power_limit"] = nvml.nvmlDeviceGetPowerManagementLimit(h) / 1000.0
+            joules = nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0
+            row["nv_energy_consumption"] = joules - energy_start.setdefault(uuid, joules)
+        except nvml.NVMLError:  # power readings are not on every device
+            pass
+        out.append(row)
+    return out
 
 
 def _escape_help(text: str) -> str:
@@ -172,22 +426,35 @@ class _Handler(BaseHTTPRequestHandler):
 class _MetricsServer(ThreadingHTTPServer):
     daemon_threads = True
 
+    sampler: Sampler | None = None
+
     def shutdown(self) -> None:
-        """Stops serving and closes the listening socket (the coordinator calls this
-        alone on the way out)."""
+        """Stops serving and sampling and closes the listening socket (the coordinator
+        calls this alone on the way out)."""
+        if self.sampler is not None:
+            self.sampler.stop.set()
         super().shutdown()
         self.server_close()
 
 
-def serve_metrics(stats_fn, port: int, address: str = "127.0.0.1"):
-    """Starts the /metrics HTTP endpoint in a daemon thread; returns (server, thread).
-    server.shutdown() stops it and closes its socket."""
+def serve_metrics(snapshot, port: int, address: str = "127.0.0.1", config: dict | None = None,
+                  interval_ms: int = 2000) -> "_MetricsServer":
+    """Starts the /metrics endpoint and its sampler in daemon threads. snapshot(histograms)
+    returns Coordinator.server_status(). The returned server's shutdown() stops both and
+    closes the socket."""
+    config = {**parse_metrics_config([]), **(config or {})}
+    if config["histogram_latencies"]:
+        log.warning("metrics: histogram_latencies: nv_inference_first_response_histogram_ms is "
+                    "kept for decoupled models only (as Triton does), and shmserve serves no "
+                    "decoupled model yet: the family stays empty")
+    sampler = Sampler(snapshot, config, interval_ms)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatsCollector(stats_fn))
+    registry.register(StatsCollector(snapshot, sampler))
     family = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0][0]
     handler = type("MetricsHandler", (_Handler,), {"registry": registry})
     server_cls = type("MetricsServer", (_MetricsServer,), {"address_family": family})
     server = server_cls((address, port), handler)
-    thread = threading.Thread(target=server.serve_forever, name="shmserve-metrics", daemon=True)
-    thread.start()
-    return server, thread
+    server.sampler = sampler
+    sampler.thread.start()
+    threading.Thread(target=server.serve_forever, name="shmserve-metrics", daemon=True).start()
+    return server

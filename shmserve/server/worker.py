@@ -38,11 +38,11 @@ class Request:
     """One request of a batch, as the batcher validated it (a server-private copy)."""
 
     __slots__ = ("client_id", "slot", "generation", "lease", "rows", "inputs", "outputs",
-                 "arena", "slot_off")
+                 "taken_ns", "arena", "slot_off")
 
     def __init__(self, maps: ServerMaps, shadow_index: int):
         (self.client_id, self.slot, self.generation, self.lease, self.rows, self.inputs,
-         self.outputs) = maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
+         self.outputs, self.taken_ns) = maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
         self.arena = None
         self.slot_off = 0
 
@@ -90,6 +90,7 @@ class Worker:
     def serve_forever(self) -> None:
         srv, state = self.maps.srv, self.mailbox + L["mailbox.state"]
         sleeping = self.mailbox + L["mailbox.worker_sleeping"]
+        wakeups = self.mailbox + L["mailbox.wakeups"]
         waiting = self.mailbox + L["mailbox.batcher_waiting"]
         spin = self.maps.spin
         dropped_at = time.monotonic_ns()
@@ -99,12 +100,14 @@ class Worker:
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
                 self.maps.drop_ended_leases()
                 dropped_at = started
-            if not srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin.budget_ns(),
-                                     200_000_000):
+            woke = srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin.budget_ns(),
+                                     200_000_000)
+            if not woke:
                 if not self.maps.parent_alive():
                     return
                 continue
             spin.record(time.monotonic_ns() - started)
+            self.maps.count_wake(wakeups, woke)
             self.run_mailbox()
             # SYNC POINT: pairs with the batcher's store of batcher_waiting then re-check
             # of our state (seq_cst both): it is woken only when it has work waiting.
@@ -136,10 +139,15 @@ class Worker:
         live = self.decode_bytes_inputs(live)
         if not live:
             return
-        start = time.monotonic_ns()
+        # Triton's three compute stages: gather the inputs, run the model, check and
+        # scatter the outputs (timed until the answers are written, before they go out).
+        t_input = time.monotonic_ns()
+        t_infer = t_output = None
         try:
             inputs = self.gather(live)
+            t_infer = time.monotonic_ns()
             outputs = self.backend.execute(inputs)
+            t_output = time.monotonic_ns()
             outputs = self.check_outputs(outputs, sum(r.rows for r in live))
             status, msg = Status.OK, ""
         except BatchError as e:
@@ -147,7 +155,8 @@ class Worker:
         except Exception as e:  # the model raised: every caller of the batch hears why
             log.warning("model '%s' raised: %s", self.spec.name, traceback.format_exc(limit=3))
             status, msg = Status.INTERNAL, f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
-        compute_ns = time.monotonic_ns() - start
+        t_infer = t_infer or time.monotonic_ns()
+        t_output = t_output or time.monotonic_ns()
         row = 0
         answers = []
         for req in live:
@@ -158,8 +167,12 @@ class Worker:
                 answers.append((status, msg, []))
             row += req.rows
         # Statistics first: a caller that reads them after its answer sees its request.
-        ok = sum(st == Status.OK for st, _, _ in answers)
-        self.maps.srv.record_batch(self.model_off, len(live), row, ok, compute_ns)
+        srv, done = self.maps.srv, time.monotonic_ns()
+        srv.record_execution(self.model_off, len(live), row, t_infer - t_input,
+                             t_output - t_infer, done - t_output)
+        srv.record_answers(self.model_off, [(int(st), req.taken_ns)
+                                            for req, (st, _, _) in zip(live, answers)])
+        srv.add64(self.mailbox + L["mailbox.executions"], 1)
         for req, (st, m, results) in zip(live, answers):
             try:
                 req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
@@ -183,9 +196,9 @@ class Worker:
                     parsed.append(ref)
             except (ValueError, MemoryError) as e:  # malformed: this request alone fails
                 name = self.spec.inputs[index].name
+                self.maps.record_answers(self.model_id, [(int(Status.INVALID_ARG), req.taken_ns)])
                 req.arena.ops.complete(req.slot_off, req.generation, int(Status.INVALID_ARG),
                                        _clip(f"model '{self.spec.name}' input '{name}': {e}"), [])
-                self.maps.model_add(self.model_id, "request_failure", 1)
                 continue
             req.inputs = parsed
             kept.append(req)

@@ -69,9 +69,14 @@ void suite(const shmserve::Options &opts) {
     auto a = iota32(16, 1);
     client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}});
     auto rows = client.stats("simple");
-    CHECK(rows.size() == 1 && rows[0].name == "simple" && rows[0].request_success >= 1 &&
-              rows[0].execution_count >= 1 && !rows[0].batch_requests.empty(),
+    CHECK(rows.size() == 1 && rows[0].name == "simple" && rows[0].version == "1" &&
+              rows[0].inference_stats.success.count >= 1 && rows[0].execution_count >= 1 &&
+              rows[0].inference_stats.compute_infer.count >= 1 && !rows[0].batch_stats.empty() &&
+              rows[0].shmserve.state == "READY" && !rows[0].shmserve.batch_requests.empty(),
           "stats of simple");
+    CHECK(client.stats("simple", 1).size() == 1, "stats of simple version 1");
+    expect_error<shmserve::ModelNotFoundError>("stats of unknown model", [&] { client.stats("nope"); },
+                                               "nope", shmserve::Status::NOT_FOUND);
     CHECK(client.stats().size() == client.models().size(), "stats of every model");
   });
 

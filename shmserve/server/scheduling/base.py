@@ -6,7 +6,7 @@ import abc
 import dataclasses
 from typing import NamedTuple
 
-from ...protocol import Status
+from ...protocol import FailureReason, Status
 from ..repository import ModelSpec
 
 
@@ -27,6 +27,7 @@ class Rejection(NamedTuple):
     pending: Pending
     status: Status
     message: str
+    reason: FailureReason = FailureReason.REJECTED  # queue full, timed out, stopping
 
 
 class Scheduler(abc.ABC):

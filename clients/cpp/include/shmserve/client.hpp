@@ -91,11 +91,13 @@ class Client {
   std::string config(const std::string &model, int64_t version = 0) {
     return engine_->ask(control::GetConfig{model, control::version_or_latest(version)}).config;
   }
-  /// Per-model counters (model empty: every model), batches by number of requests.
-  std::vector<ModelStats> stats(const std::string &model = {}) {
+  /// Triton's statistics extension: every model (model empty), every version of
+  /// model (version 0), or one version; shmserve's own figures in .shmserve.
+  std::vector<ModelStats> stats(const std::string &model = {}, int64_t version = 0) {
     control::GetStats request;
     if (!model.empty()) request.model = model;
-    return engine_->ask(request).models;
+    request.version = control::version_or_latest(version);
+    return engine_->ask(request).model_stats;
   }
 
   uint32_t client_id() const { return engine_->client_id; }

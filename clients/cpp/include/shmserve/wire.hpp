@@ -213,19 +213,78 @@ struct ModelInfo {
   }
 };
 
-/// A model's counters (one row of the stats reply).
-struct ModelStats {
-  std::string name;
-  int64_t version = 0;
-  std::string state;
-  uint64_t request_success = 0, request_failure = 0, inference_count = 0, execution_count = 0;
-  uint64_t compute_ns = 0, queue_ns = 0;
+// ------------------------------------------------------------------ statistics
+// Triton's statistics extension (docs/operating.md), one ModelStats per model version.
+
+/// A duration summed over requests (or executions, in batch_stats).
+struct DurationStat {
+  uint64_t count = 0, ns = 0;
+  template <class S, class V> static void visit(S &s, V &&v) { v("count", s.count), v("ns", s.ns); }
+};
+
+struct InferenceStats {
+  DurationStat success, fail, queue, compute_input, compute_infer, compute_output, cache_hit,
+      cache_miss;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("success", s.success), v("fail", s.fail), v("queue", s.queue);
+    v("compute_input", s.compute_input), v("compute_infer", s.compute_infer);
+    v("compute_output", s.compute_output), v("cache_hit", s.cache_hit), v("cache_miss", s.cache_miss);
+  }
+};
+
+/// Executions of one batch size (rows).
+struct BatchStat {
+  uint64_t batch_size = 0;
+  DurationStat compute_input, compute_infer, compute_output;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("batch_size", s.batch_size), v("compute_input", s.compute_input);
+    v("compute_infer", s.compute_infer), v("compute_output", s.compute_output);
+  }
+};
+
+struct MemoryUsage {
+  std::string type;  // "CPU": an instance's resident memory
+  int64_t id = 0;    // the instance
+  uint64_t byte_size = 0;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("type", s.type), v("id", s.id), v("byte_size", s.byte_size);
+  }
+};
+
+/// Failed requests by reason (nv_inference_request_failure's label).
+struct FailureCounts {
+  uint64_t rejected = 0, canceled = 0, backend = 0, other = 0;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("REJECTED", s.rejected), v("CANCELED", s.canceled), v("BACKEND", s.backend), v("OTHER", s.other);
+  }
+};
+
+/// What Triton has no field for (the "shmserve" key).
+struct OwnStats {
+  std::string state;     // READY, LOADING, UNAVAILABLE: <reason>
+  uint64_t pending = 0;  // requests queued in the batcher now
+  FailureCounts failures;
   std::map<uint32_t, uint64_t> batch_requests;  // requests per execution -> executions
   template <class S, class V> static void visit(S &s, V &&v) {
-    v("name", s.name), v("version", s.version), v("state", s.state);
-    v("request_success", s.request_success), v("request_failure", s.request_failure);
+    v("state", s.state), v("pending", s.pending), v("failures", s.failures);
+    v("batch_requests", s.batch_requests);
+  }
+};
+
+struct ModelStats {
+  std::string name;
+  std::string version;        // a string, as Triton's JSON has it
+  uint64_t last_inference = 0;  // ms since the epoch
+  uint64_t inference_count = 0, execution_count = 0;
+  InferenceStats inference_stats;
+  std::vector<BatchStat> batch_stats;
+  std::vector<MemoryUsage> memory_usage;
+  OwnStats shmserve;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("name", s.name), v("version", s.version), v("last_inference", s.last_inference);
     v("inference_count", s.inference_count), v("execution_count", s.execution_count);
-    v("compute_ns", s.compute_ns), v("queue_ns", s.queue_ns), v("batch_requests", s.batch_requests);
+    v("inference_stats", s.inference_stats), v("batch_stats", s.batch_stats);
+    v("memory_usage", s.memory_usage), v("shmserve", s.shmserve);
   }
 };
 
@@ -263,8 +322,8 @@ struct ModelConfig {
 };
 
 struct StatsReply {
-  std::vector<ModelStats> models;
-  template <class S, class V> static void visit(S &s, V &&v) { v("models", s.models); }
+  std::vector<ModelStats> model_stats;
+  template <class S, class V> static void visit(S &s, V &&v) { v("model_stats", s.model_stats); }
 };
 
 /// A failed request ("ok": false): a status, the message, and the server's exception
@@ -324,7 +383,12 @@ struct GetStats {
   static constexpr const char *op = "stats";
   using Reply = StatsReply;
   std::optional<std::string> model;  // none: every model
-  template <class S, class V> static void visit(S &s, V &&v) { v("model", s.model, wire::kOptional); }
+  std::optional<int64_t> version;    // none: every version of model
+  bool histograms = false;           // Python's status view asks for them; C++ need not
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("model", s.model, wire::kOptional), v("version", s.version, wire::kOptional);
+    v("histograms", s.histograms, wire::kOptional);
+  }
 };
 
 /// A model version as the messages carry it: none for the highest (0 or less).
