@@ -7,8 +7,7 @@ setup(
     ext_modules=[
         Extension(
             "shmserve._core",
-            sources=["shmserve/csrc/core.c", "shmserve/csrc/mapping.c", "shmserve/csrc/slots.c",
-                     "shmserve/csrc/stats.c"],
+            sources=sorted(glob.glob("shmserve/csrc/*.c")),  # the extension: every .c of csrc/
             depends=glob.glob("shmserve/csrc/*.h"),
             include_dirs=["shmserve/csrc"],
             extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter",

@@ -105,6 +105,13 @@ def test_statistics_in_tritons_shape(server_factory):
     doc = json.loads(r.stdout)
     (cli,) = doc["model_stats"]
     assert set(cli) == MODEL_STAT - {"shmserve"}  # as Triton answers it
+    # Triton's own schema (tritonclient's grpc protos) takes it field for field
+    from google.protobuf import json_format
+    from tritonclient.grpc import service_pb2
+
+    parsed = json_format.ParseDict(doc, service_pb2.ModelStatisticsResponse())
+    assert parsed.model_stats[0].inference_stats.success.count == 4
+    assert parsed.model_stats[0].batch_stats[0].batch_size == 2
     assert cli["inference_stats"]["success"]["count"] == 4
     r = subprocess.run([sys.executable, "-m", "shmserve.cli", "stats", "--name", server.name],
                        capture_output=True, text=True, timeout=60, env=server.env())
