@@ -77,16 +77,13 @@ class Client:
         """Runs one request and waits for it. inputs: {name: array} (or a list in the
         model's input order); outputs: names to return (default: all). With copy=True
         the outputs are private copies and the arena is released at once."""
-        req = self.engine.start(model, inputs, outputs, version, copy, with_future=False)
-        return self.engine.wait(req, timeout)
+        return self.engine.infer(model, inputs, outputs, version, timeout, copy)
 
     def submit(self, model: str, inputs, outputs=None, version: int | None = None,
                copy: bool = False) -> concurrent.futures.Future:
         """Sends a request and returns at once; the Future resolves to an InferResult.
         Many requests may be in flight from one caller (up to the slots of the lease)."""
-        req = self.engine.start(model, inputs, outputs, version, copy, with_future=True)
-        self.engine.ensure_poller()
-        return req.future
+        return self.engine.submit(model, inputs, outputs, version, copy)
 
     async def infer_async(self, model: str, inputs, outputs=None, version: int | None = None,
                           copy: bool = False) -> InferResult:

@@ -3,6 +3,14 @@ segment and arena, slots) and the life of each request in it. It writes requests
 into its own arena, pushes them on the ring and waits on a futex for the answer; the
 slot procedures themselves are the C core's (shms_slot.h). Client (client.py) is the
 facade callers use.
+
+Two paths, one lease. The common path of infer() and of submit()'s send is one call
+into the C core (ClientCore, csrc/client.c): plan, inputs, slot, push, wait, outputs.
+Everything else takes the Python path below, the reference for rare cases and for
+every error message: inputs the C path does not take (BYTES, lists, non-contiguous
+arrays, unknown names, a model's first use), answers it does not finish (errors,
+OUTPUT_TOO_SMALL, BYTES outputs), and the futures' poller. Both share the C core's
+slot table, arena allocator and spin policy.
 """
 from __future__ import annotations
 
@@ -13,17 +21,16 @@ import os
 import socket
 import threading
 import time
-import weakref
 
 import numpy as np
 
 from .. import errors
 from .. import protocol as P
-from .._core import AdaptiveSpin
+from .._core import ClientCore
 from ..protocol import LAYOUT as L
 from ..segments import DEFAULT_NAME, Segment, pid_alive, socket_path
 from .arena import ArenaAllocator, ArenaFull
-from .request import Plan, Request, sources, version_key, wanted
+from .request import _DTYPE_CODE, Plan, Request, sources, version_key, wanted
 from .result import InferResult
 
 _BYTES = P.DataType.BYTES
@@ -34,6 +41,25 @@ MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that
 
 def _aligned(n: int) -> int:
     return (max(n, 1) + P.DATA_ALIGN - 1) // P.DATA_ALIGN * P.DATA_ALIGN
+
+
+def _input_dtypes() -> tuple:
+    """(dtype, code) for the dtypes the C path sends as they are: numpy's own dtype
+    objects, compared by identity (equal dtypes that are other objects, such as
+    byte-swapped ones, take the Python path)."""
+    types = [np.dtype(np.longlong), np.dtype(np.ulonglong), *_DTYPE_CODE]
+    if "BF16" in P._NUMPY:
+        types.append(P._NUMPY["BF16"])
+    return tuple((t, P.dtype_code(t)) for t in types)
+
+
+# What the C core builds results from: numpy.ndarray, the result type, the errors it
+# raises itself, the input dtypes it takes, the numpy dtype of each output data type
+# code (None: BYTES, decoded by Python).
+_C_TYPES = (np.ndarray, InferResult, errors.ServerTimeoutError, errors.ServerDeadError,
+            _input_dtypes(),
+            tuple(None if t in (P.DataType.BYTES, P.DataType.INVALID)
+                  else P._NUMPY.get(P.DTYPE_NAMES.get(t)) for t in range(len(P.DataType))))
 
 
 class Engine:
@@ -59,7 +85,6 @@ class Engine:
         self.client_id = hello.client_id
         self.server_pid = hello.server_pid
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
-        self._spin = AdaptiveSpin(self._spin_ns, MAX_SPIN_US * 1000 if self._spin_ns else 0)
         try:  # the arena's and the control segment's sealed memfds came with the reply
             if len(fds) != 2:
                 raise errors.ShmServeError(f"hello reply carried {len(fds)} descriptors, not 2 "
@@ -79,16 +104,16 @@ class Engine:
             self._ring = P.Ring(self._ctl)
         except ValueError as e:
             raise errors.ShmServeError(f"segment {self._control.name}: {e}", P.Status.INVALID_ARG) from None
-        self._buf = self._arena.buffer
         self._slots_offset = hello.slots_offset
         self._alloc = ArenaAllocator(hello.data_offset, hello.arena_bytes)
+        # The slot table (requests in flight, orphans), the spin policy and the C path.
+        self._core = ClientCore(self._ops, self._arena.mmap, self._ctl, self._ring.offset,
+                                self._ring.capacity, self.client_id, hello.slots_offset,
+                                hello.n_slots, self._alloc, self._spin_ns,
+                                MAX_SPIN_US * 1000 if self._spin_ns else 0, WAIT_SLICE_NS,
+                                _C_TYPES)
         self._lock = threading.Lock()
-        self._slot_free = threading.Condition(self._lock)
-        self._free_slots = list(range(hello.n_slots - 1, -1, -1))
-        self._generations = [0] * hello.n_slots
-        self._inflight: dict[int, Request] = {}
-        self._finishing = 0  # requests taken out of _inflight whose blocks are not freed yet
-        self._orphans: set[int] = set()
+        self._finishing = 0  # requests collected whose blocks are not freed yet
         self._plans: dict[tuple[str, int | None], Plan] = {}
         self._remember_models(hello.models)
         self._poller: threading.Thread | None = None
@@ -114,12 +139,21 @@ class Engine:
         return (reply, fds) if _fds else reply
 
     def _remember_models(self, models: list[dict]) -> None:
+        """Plans of these models, compiled for the C path: a model's first request
+        (one the hello reply did not list) is the Python path's."""
         for m in models:
             plan = Plan(m)
+            plan.fast = self._core.compile(plan)
             self._plans[(m["name"], m["version"])] = plan
+            if plan.fast is not None:
+                self._core.plans[(m["name"], m["version"])] = (plan, plan.fast)
             latest = self._plans.get((m["name"], None))
             if latest is None or latest.version < m["version"]:
                 self._plans[(m["name"], None)] = plan
+                if plan.fast is not None:
+                    self._core.plans[m["name"]] = (plan, plan.fast)
+                else:
+                    self._core.plans.pop(m["name"], None)
 
     def plan(self, name: str, version) -> Plan:
         key = (name, version_key(version))
@@ -138,9 +172,8 @@ class Engine:
         shape = tuple(int(d) for d in np.atleast_1d(shape)) if np.ndim(shape) else (int(shape),)
         nbytes = int(math.prod(shape)) * dtype.itemsize
         offset = self.alloc(nbytes, "empty()")
-        flat = np.frombuffer(self._buf, dtype, nbytes // dtype.itemsize, offset)
-        weakref.finalize(flat, self._alloc.free, offset, nbytes)
-        return flat.reshape(shape)
+        # The array's base is the block's owner: the block returns with the last view.
+        return np.ndarray(shape, dtype, self._core.block(offset, nbytes))
 
     def alloc(self, nbytes: int, what: str) -> int:
         if nbytes > self._alloc.capacity:
@@ -162,6 +195,44 @@ class Engine:
                     "still referenced); release results or use a larger arena") from None
 
     # -- requests -------------------------------------------------------------------------
+    def infer(self, model, inputs, outputs, version, timeout, copy: bool) -> InferResult:
+        """One request, waited for (Client.infer): the C path, else the Python path."""
+        got = self._core.infer(self, model, inputs, outputs, version, timeout, copy)
+        if got.__class__ is InferResult:
+            return got
+        if got is None:  # not for the C path: the Python path from the beginning
+            return self.wait(self.start(model, inputs, outputs, version, copy, False), timeout)
+        # Sent and answered by the C path; the answer is Python's to finish.
+        status, message, results, stamps, block, block_bytes, started = got
+        req = Request()
+        req.plan = plan = self.plan(model, version)
+        req.copy, req.retried, req.future = copy, False, None
+        req.block, req.block_bytes = block, block_bytes
+        try:  # kept for a resend (OUTPUT_TOO_SMALL); the C path checked them already
+            req.sources = sources(plan, inputs, self._locate)
+            req.wanted = wanted(plan, outputs)
+        except BaseException:
+            self._alloc.free(block, block_bytes)
+            raise
+        result = self._answered(req, (status, message, results, stamps))
+        if isinstance(result, Request):  # resent with bigger outputs
+            return self.wait(result, timeout, started)
+        return result
+
+    def submit(self, model, inputs, outputs, version, copy: bool) -> concurrent.futures.Future:
+        """Sends one request; its Future resolves to an InferResult (Client.submit)."""
+        req = Request()
+        req.copy, req.retried, req.future = copy, False, concurrent.futures.Future()
+        if not self._core.send(self, req, model, inputs, outputs, version):
+            req = self.start(model, inputs, outputs, version, copy, with_future=True)
+        self.ensure_poller()
+        return req.future
+
+    @property
+    def path_counts(self) -> dict:
+        """Requests sent so far: {"c": by the C path, "python": by the Python path}."""
+        return self._core.counts
+
     def _locate(self, arr: np.ndarray) -> int:
         """arr's offset in this arena's data area (zero-copy input), or -1."""
         offset = self._ops.locate(arr)
@@ -231,62 +302,43 @@ class Engine:
 
     def _send(self, req: Request) -> None:
         slot = self._acquire_slot()
-        gen = (self._generations[slot] + 1) & 0xFFFFFFFF
-        self._generations[slot] = gen
-        req.slot, req.generation = slot, gen
+        req.slot = slot
+        # In flight from here: its waiter (claim) or the poller (collect) finishes it.
+        req.generation = gen = self._core.register(slot, req, req.future is not None)
         slot_off = self._slots_offset + slot * P.SLOT_BYTES
-        with self._lock:
-            self._inflight[slot] = req
         try:
             self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
         except (ValueError, TypeError, OverflowError) as e:  # e.g. more dims than MAX_DIMS
-            with self._lock:
-                del self._inflight[slot]
-            self._release_slot(slot)
+            self._core.release_slot(slot)
             raise errors.InvalidArgumentError(f"model '{req.plan.name}': {e}") from None
         try:
             rc = self._ring.push_request(self.client_id, slot, gen, self.check_server)
         except errors.ServerDeadError:
-            rc = None
+            rc = -1
         # The slot goes back to FREE only if the batcher has not taken it meanwhile
         # (its sweep takes SUBMITTED requests the ring lost): then it is in flight.
         if rc != P.RingResult.OK and self._ops.withdraw(slot_off):
-            with self._lock:
-                del self._inflight[slot]
-            self._release_slot(slot)
-            if rc is None:
-                self.check_server()  # says why (the lease or the server ended)
-                raise errors.ServerDeadError(f"server '{self.name}' ended this client's lease")
-            if rc == P.RingResult.FULL:
-                raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
-            raise errors.BusyError(f"server '{self.name}': the batcher skipped this client's ring "
-                                   "entry again and again (another client is damaging the "
-                                   "ring); retry later")
+            self._core.release_slot(slot)
+            self._push_failed(rc)
+
+    def _push_failed(self, rc: int):
+        """Raises the error of a request whose push failed (rc: shms_push_request's
+        result, -1 when the lease ended) and that was taken back; the C path too."""
+        if rc < 0:
+            self.check_server()  # says why (the lease or the server ended)
+            raise errors.ServerDeadError(f"server '{self.name}' ended this client's lease")
+        if rc == P.RingResult.FULL:
+            raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
+        raise errors.BusyError(f"server '{self.name}': the batcher skipped this client's ring "
+                               "entry again and again (another client is damaging the "
+                               "ring); retry later")
 
     def _acquire_slot(self) -> int:
-        with self._slot_free:
-            while not self._free_slots:
-                self._reap_orphans()
-                if self._free_slots:
-                    break
-                self._slot_free.wait(0.05)
-                self.check_server()
-            return self._free_slots.pop()
-
-    def _release_slot(self, slot: int) -> None:
-        with self._slot_free:
-            self._free_slots.append(slot)
-            self._slot_free.notify()
-
-    def _reap_orphans(self) -> None:
-        """Slots whose caller gave up (timeout) come back once the server answered."""
-        for slot in list(self._orphans):
-            if self._ops.is_done(self._slots_offset + slot * P.SLOT_BYTES):
-                self._orphans.discard(slot)
-                req = self._inflight.pop(slot, None)
-                if req:
-                    self._alloc.free(req.block, req.block_bytes)
-                self._free_slots.append(slot)
+        """A free slot; waits for one while every slot is in flight (or orphaned: they
+        come back once the server answered them)."""
+        while (slot := self._core.acquire_slot(WAIT_SLICE_NS)) is None:
+            self.check_server()
+        return slot
 
     # -- completion ----------------------------------------------------------------------
     def check_server(self) -> None:
@@ -310,17 +362,14 @@ class Engine:
                 raise errors.ServerDeadError(f"server '{self.name}' " + (
                     "has stopped" if stopped else "closed this client's lease"))
 
-    def _done(self, req: Request) -> bool:
-        return self._ops.is_done(self._slots_offset + req.slot * P.SLOT_BYTES)
-
-    def wait(self, req: Request, timeout: float | None) -> InferResult:
-        started = self._now()
+    def wait(self, req: Request, timeout: float | None, started: int | None = None) -> InferResult:
+        started = self._now() if started is None else started
         deadline = None if timeout is None else started + int(timeout * 1e9)
-        spin = self._spin.budget_ns()
+        spin = self._core.spin_budget()
         while True:
             seen = self._ops.load32(L["arena.completions"])
-            if self._claim(req):
-                self._spin.record(self._now() - started)
+            if self._core.claim(req.slot, req):
+                self._core.spin_record(self._now() - started)
                 result = self._finish(req)
                 if isinstance(result, Request):  # resent with bigger outputs
                     req = result
@@ -344,39 +393,52 @@ class Engine:
                     raise
 
     def _abandon(self, req: Request) -> None:
-        with self._lock:
-            self._orphans.add(req.slot)
+        """The caller stopped waiting: slot and block stay reserved until the answer."""
+        self._core.abandon(req.slot, req.block, req.block_bytes)
 
     def _finish(self, req: Request):
-        """Reads a DONE slot: returns an InferResult, raises the request's error, or
-        returns the request resent when an output buffer was too small."""
-        slot_off = self._slots_offset + req.slot * P.SLOT_BYTES
+        """Reads a claimed DONE slot: returns an InferResult, raises the request's
+        error, or returns the request resent when an output buffer was too small."""
         # The slot is FREE again; stamps end with CLIENT_WAKE, taken at the read.
-        status, message, results, stamps = self._ops.read_result(slot_off)
-        self._release_slot(req.slot)
+        got = self._core.finish(req.slot, req.block, req.block_bytes, req.plan.fast, req.copy)
+        if got.__class__ is InferResult:  # built by the C core, as the C path's
+            if req.future is not None:
+                req.future.set_result(got)
+            return got
+        return self._answered(req, got)
+
+    def _answered(self, req: Request, answer: tuple):
+        """An answer the C core left to Python: (status, message, results, stamps)."""
+        status, message, results, stamps = answer
         if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
             self._alloc.free(req.block, req.block_bytes)
             req.retried = True
             self._prepare(req, {r[0]: r[3] for r in results})
-            self._send(req)
+            try:
+                self._send(req)
+            except BaseException:
+                self._alloc.free(req.block, req.block_bytes)
+                raise
             return req
         if status != P.Status.OK:
             self._alloc.free(req.block, req.block_bytes)
             raise errors.from_status(status, message)
+        owner = self._core.block(req.block, req.block_bytes)  # from here it holds the block
         try:
-            result = self._outputs(req, results, stamps)
+            result = self._outputs(req, owner, results, stamps)
         except BaseException:
-            self._alloc.free(req.block, req.block_bytes)
+            owner.release()
             raise
         if req.future is not None:
             req.future.set_result(result)
         return result
 
-    def _outputs(self, req: Request, results: list, stamps: tuple) -> InferResult:
-        """Output arrays as views of the request's block. The block returns to the
-        arena when the last view is gone (or at release(), or at once with copy)."""
+    def _outputs(self, req: Request, owner, results: list, stamps: tuple) -> InferResult:
+        """Output arrays as views of the request's block (`owner`, an ArenaBlock). The
+        block returns to the arena when the last view is gone (or at release(), or at
+        once with copy or BYTES outputs, which are decoded)."""
         begin, end = req.block, req.block + req.block_bytes
-        block = np.frombuffer(self._buf, np.uint8, req.block_bytes, begin)
+        block = np.frombuffer(owner, np.uint8)
         names = req.plan.output_names
         arrays = {}
         for index, dtype, offset, nbytes, shape in results:
@@ -392,17 +454,19 @@ class Engine:
                     arr = arr.copy()
             arrays[names[index]] = arr
         if req.copy or all(a.dtype == object for a in arrays.values()):
-            self._alloc.free(req.block, req.block_bytes)
-            finalizers = []
-        else:  # views of `block` keep it alive; its memory is freed after the last one
-            finalizers = [weakref.finalize(block, self._alloc.free, req.block, req.block_bytes)]
-        return InferResult(arrays, stamps, req.plan.name, req.plan.version, finalizers)
+            owner.release()
+            blocks = []
+        else:  # views of `block` keep its owner alive; the memory returns after the last
+            blocks = [owner]
+        return InferResult(arrays, stamps, req.plan.name, req.plan.version, blocks)
 
     def _wait_any_completion(self) -> bool:
         """Waits until an in-flight request of this client finishes (arena pressure).
         Returns False if nothing is in flight."""
+        if self._core.reap():  # orphans answered: their blocks are back
+            return True
         with self._lock:
-            if not self._inflight:
+            if not self._core.busy:
                 if not self._finishing:
                     return False
                 finishing = True
@@ -427,22 +491,10 @@ class Engine:
                                                 daemon=True)
                 self._poller.start()
 
-    def _claim(self, req: Request) -> bool:
-        """Takes a DONE request out of the in-flight table; only the thread that
-        claimed it may finish it."""
-        with self._lock:
-            if self._inflight.get(req.slot) is req and self._done(req):
-                del self._inflight[req.slot]
-                return True
-            return False
-
     def _collect(self) -> int:
         """Finishes every submitted request that is DONE; returns how many."""
         with self._lock:
-            ready = [r for r in self._inflight.values()
-                     if r.future is not None and r.slot not in self._orphans and self._done(r)]
-            for r in ready:
-                del self._inflight[r.slot]
+            ready = self._core.collect()  # out of the in-flight table: ours to finish
             self._finishing += len(ready)
         for req in ready:
             try:
@@ -458,8 +510,8 @@ class Engine:
         while not self._closed:
             seen = self._ops.load32(L["arena.completions"])
             self._collect()
-            with self._lock:  # decided under the lock _ensure_poller takes
-                if not any(r.future is not None for r in self._inflight.values()):
+            with self._lock:  # decided under the lock ensure_poller takes
+                if not self._core.n_futures:
                     self._poller = None
                     return
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
@@ -473,9 +525,7 @@ class Engine:
                     return
 
     def _fail_all(self, exc: Exception) -> None:
-        with self._lock:
-            pending = [r for r in self._inflight.values() if r.future is not None]
-        for req in pending:
+        for req in self._core.futures():
             if not req.future.done():
                 req.future.set_exception(exc)
 
@@ -490,6 +540,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._core.close()
         self._fail_all(errors.ServerDeadError("client closed"))
         try:
             self._sock.close()

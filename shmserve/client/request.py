@@ -32,11 +32,13 @@ class Plan:
             itemsize = 0 if t["datatype"] == "BYTES" else \
                 P.numpy_dtype(P.DTYPE_CODES[t["datatype"]]).itemsize
             self.outputs.append((i, t["name"], itemsize, dims if fixed else None))
+        self.fast = None  # compiled for the C path (ClientCore.compile), or None
 
 
 class Request:
-    """One request from submit to answer. `sources` keeps the caller's inputs so a
-    request can be rebuilt (output buffer too small)."""
+    """One request of the Python path (or one submit() sent by the C path), from
+    submit to answer. `sources` keeps the caller's inputs so a request can be rebuilt
+    (output buffer too small), and alive while the server reads them."""
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
                  "block", "block_bytes", "outputs", "sources_refs")

@@ -15,7 +15,7 @@ class InferResult(collections.abc.Mapping):
         self.timestamps_ns = timestamps  # see protocol.Timestamp
         self.model_name = model
         self.model_version = version
-        self._blocks = blocks
+        self._blocks = blocks  # the ArenaBlocks the arrays are views of
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self._arrays[name]
@@ -33,8 +33,8 @@ class InferResult(collections.abc.Mapping):
     def release(self) -> None:
         """Returns the output memory to the arena now. Arrays taken from this result
         must not be used afterwards."""
-        for finalizer in self._blocks:
-            finalizer()
+        for block in self._blocks:
+            block.release()
         self._blocks = []
         self._arrays = {}
 

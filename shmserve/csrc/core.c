@@ -1,8 +1,9 @@
 /*
  * core.c — the Python extension shmserve._core: the Mapping type (its methods are in
- * mapping.c and slots.c), the TensorRef named tuple, and the export of shmserve.h's
- * declarations to Python (layout(), enums()), so that Python never types a size,
- * offset, constant or enum value by hand.
+ * mapping.c, slots.c and stats.c), the TensorRef named tuple, the client's types
+ * (arena.c: ArenaAllocator, ArenaBlock; client.c: ClientCore), and the export of
+ * shmserve.h's declarations to Python (layout(), enums()), so that Python never types
+ * a size, offset, constant or enum value by hand.
  */
 #include <signal.h>
 #include <sys/prctl.h>
@@ -237,14 +238,21 @@ static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "shmserve._core",
 
 PyMODINIT_FUNC PyInit__core(void) {
   MappingType.tp_methods = joined_methods();
-  if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0 || PyType_Ready(&SpinType) < 0)
+  if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0 || PyType_Ready(&SpinType) < 0 ||
+      PyType_Ready(&ArenaAllocatorType) < 0 || PyType_Ready(&ArenaBlockType) < 0 ||
+      PyType_Ready(&ClientCoreType) < 0 || shms_py_client_ready() < 0)
     return NULL;
+  shms_py_arena_full = PyErr_NewExceptionWithDoc(
+      "shmserve._core.ArenaFull", "No free block of the arena is large enough.", NULL, NULL);
+  if (!shms_py_arena_full) return NULL;
   PyObject *m = PyModule_Create(&moduledef);
   if (!m) return NULL;
-  Py_INCREF(&MappingType);
-  Py_INCREF(&SpinType);
-  if (PyModule_AddObject(m, "Mapping", (PyObject *)&MappingType) < 0 ||
-      PyModule_AddObject(m, "AdaptiveSpin", (PyObject *)&SpinType) < 0 ||
+  if (PyModule_AddObjectRef(m, "Mapping", (PyObject *)&MappingType) < 0 ||
+      PyModule_AddObjectRef(m, "AdaptiveSpin", (PyObject *)&SpinType) < 0 ||
+      PyModule_AddObjectRef(m, "ArenaAllocator", (PyObject *)&ArenaAllocatorType) < 0 ||
+      PyModule_AddObjectRef(m, "ArenaBlock", (PyObject *)&ArenaBlockType) < 0 ||
+      PyModule_AddObjectRef(m, "ArenaFull", shms_py_arena_full) < 0 ||
+      PyModule_AddObjectRef(m, "ClientCore", (PyObject *)&ClientCoreType) < 0 ||
       shms_py_add_tensor_ref(m) < 0) {
     Py_DECREF(m);
     return NULL;

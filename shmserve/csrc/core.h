@@ -1,13 +1,16 @@
 /*
  * core.h — private to the Python extension shmserve._core (core.c, mapping.c,
- * slots.c, stats.c): the Mapping type every segment is operated through, and its helpers.
- * The protocol itself is in shmserve.h; these files only translate it to Python.
+ * slots.c, stats.c, arena.c, client.c): the Mapping type every segment is operated
+ * through, a client's arena allocator and blocks, the client's C core, and their
+ * helpers. The protocol itself is in shmserve.h; these files only translate it to
+ * Python (client.c runs a whole request with its procedures).
  */
 #ifndef SHMS_CORE_H
 #define SHMS_CORE_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include "shmserve.h"
 
@@ -46,5 +49,46 @@ extern PyMethodDef shms_py_slot_methods[];    /* slots.c: headers, requests, slo
 extern PyMethodDef shms_py_stats_methods[];   /* stats.c: a model's statistics */
 
 int shms_py_add_tensor_ref(PyObject *module);
+
+/* slots.c: results as a list of TensorRefs (at most SHMS_MAX_TENSORS). */
+PyObject *shms_py_refs_list(const shms_tensor_ref *refs, uint32_t n);
+
+/* ---------------------------------------------------------------- arena.c */
+
+typedef struct {
+  uint64_t start, size;
+} shms_extent;
+
+/* shmserve._core.ArenaAllocator: first fit over [begin, end), DATA_ALIGN units. */
+typedef struct {
+  PyObject_HEAD
+  uint64_t begin, end, used;
+  shms_extent *free; /* free extents, sorted by start, never adjacent */
+  size_t n_free, cap_free;
+} ArenaAllocator;
+
+/* A block of an arena as a buffer; gives the block back when released or freed. */
+typedef struct {
+  PyObject_HEAD
+  ArenaAllocator *arena;
+  Py_buffer mem; /* an export of the whole arena mapping: keeps it mapped */
+  uint64_t offset, nbytes;
+  int freed;
+} ArenaBlock;
+
+extern PyTypeObject ArenaAllocatorType, ArenaBlockType;
+extern PyObject *shms_py_arena_full; /* shmserve._core.ArenaFull */
+
+/* 0 and *offset, or -1 when no free block holds nbytes (no exception set). */
+int shms_py_alloc(ArenaAllocator *a, uint64_t nbytes, uint64_t *offset);
+void shms_py_free(ArenaAllocator *a, uint64_t offset, uint64_t nbytes);
+/* An ArenaBlock owning [offset, +nbytes) of `mapping` (an object exporting the arena). */
+PyObject *shms_py_block_new(ArenaAllocator *a, PyObject *mapping, uint64_t offset,
+                            uint64_t nbytes);
+
+/* ---------------------------------------------------------------- client.c */
+
+extern PyTypeObject ClientCoreType;
+int shms_py_client_ready(void); /* interned names; -1 with an exception */
 
 #endif /* SHMS_CORE_H */

@@ -133,7 +133,7 @@ static PyObject *tensor_ref(const shms_tensor_ref *t) {
   return ref;
 }
 
-static PyObject *refs_to_list(const shms_tensor_ref *refs, uint32_t n) {
+PyObject *shms_py_refs_list(const shms_tensor_ref *refs, uint32_t n) {
   if (n > SHMS_MAX_TENSORS) n = SHMS_MAX_TENSORS;
   PyObject *out = PyList_New(n);
   for (uint32_t i = 0; out && i < n; i++) {
@@ -376,7 +376,7 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
   shms_answer a;
   if (!shms_slot_read_answer(s, &a)) Py_RETURN_NONE;
   PyObject *msg = PyUnicode_DecodeUTF8(a.error, (Py_ssize_t)strlen(a.error), "replace");
-  PyObject *results = refs_to_list(a.results, a.n_results);
+  PyObject *results = shms_py_refs_list(a.results, a.n_results);
   PyObject *ts = PyTuple_New(SHMS_T_COUNT);
   for (int i = 0; ts && i < SHMS_T_COUNT; i++)
     PyTuple_SET_ITEM(ts, i, PyLong_FromUnsignedLongLong(a.t_ns[i]));
@@ -432,8 +432,8 @@ static PyObject *m_read_shadow(Mapping *self, PyObject *arg) {
   if (!sh) return NULL;
   const shms_request *r = &sh->request;
   return Py_BuildValue("(IIIIINNK)", sh->client_id, sh->slot, sh->generation, sh->lease,
-                       sh->batch_rows, refs_to_list(r->inputs, r->n_inputs),
-                       refs_to_list(r->outputs, r->n_outputs), (unsigned long long)sh->taken_ns);
+                       sh->batch_rows, shms_py_refs_list(r->inputs, r->n_inputs),
+                       shms_py_refs_list(r->outputs, r->n_outputs), (unsigned long long)sh->taken_ns);
 }
 
 /* stamp(slot_off, which): record a timestamp in a slot (server side). */
