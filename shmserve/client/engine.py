@@ -229,9 +229,11 @@ class Engine:
         return req.future
 
     @property
-    def path_counts(self) -> dict:
-        """Requests sent so far: {"c": by the C path, "python": by the Python path}."""
-        return self._core.counts
+    def counters(self) -> dict:
+        """For tests and debugging: requests each path took a slot for so far, the C
+        path ("c") and the Python path ("python", resends included); slots not free
+        ("slots_busy": in flight or orphaned); bytes of the arena in use ("arena_used")."""
+        return {**self._core.counts, "slots_busy": self._core.busy, "arena_used": self._alloc.used}
 
     def _locate(self, arr: np.ndarray) -> int:
         """arr's offset in this arena's data area (zero-copy input), or -1."""

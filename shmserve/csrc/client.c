@@ -76,7 +76,7 @@ typedef struct {
   PyObject *in_dtypes;                  /* ((dtype, code), ...) accepted for inputs */
   PyObject *out_dtypes;                 /* numpy dtype by code, None: Python decodes */
   int closed;
-  unsigned long long sent_c, sent_py;   /* requests sent by infer()/send(), by Python */
+  unsigned long long sent_c, sent_py;   /* slots taken by infer()/send(), by Python */
 } ClientCore;
 
 static PyObject *s_dtype, *s_copy, *s_check_server, *s_push_failed, *s_plan, *s_sources,
@@ -1184,7 +1184,7 @@ static PyGetSetDef core_getset[] = {
     {"busy", (getter)core_busy, NULL, "slots not free (in flight, orphaned, being sent)", NULL},
     {"n_futures", (getter)core_n_futures, NULL, "requests with futures in flight", NULL},
     {"counts", (getter)core_counts, NULL,
-     "requests sent: {'c': by infer()/send(), 'python': by the Python path}", NULL},
+     "requests given a slot: {'c': by infer()/send(), 'python': by the Python path}", NULL},
     {NULL}};
 
 PyTypeObject ClientCoreType = {
