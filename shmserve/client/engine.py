@@ -8,9 +8,10 @@ Two paths, one lease. The common path of infer() and of submit()'s send is one c
 into the C core (ClientCore, csrc/client.c): plan, inputs, slot, push, wait, outputs.
 Everything else takes the Python path below, the reference for rare cases and for
 every error message: inputs the C path does not take (BYTES, lists, non-contiguous
-arrays, unknown names, a model's first use), answers it does not finish (errors,
-OUTPUT_TOO_SMALL, BYTES outputs), and the futures' poller. Both share the C core's
-slot table, arena allocator and spin policy.
+arrays, unknown names, a model the hello reply did not list, until its metadata came),
+answers it does not finish (errors, OUTPUT_TOO_SMALL, BYTES outputs), and the futures'
+poller. Both share the C core's slot table, arena allocator and spin policy
+(docs/architecture.md, "The Python client").
 """
 from __future__ import annotations
 
@@ -63,10 +64,10 @@ _C_TYPES = (np.ndarray, InferResult, errors.ServerTimeoutError, errors.ServerDea
 
 
 class Engine:
-    """A lease on a running server and the life of its requests: start() writes one
-    into a slot and pushes it, wait() (or the poller thread, for futures) reads its
-    answer. Thread-safe. Facades (Client, and the network fronts to come) build on it;
-    parameters as Client's."""
+    """A lease on a running server and the life of its requests: infer() runs one and
+    submit() sends one (the C path, else start(): the Python path), wait() (or the
+    poller thread, for futures) reads a Python-path answer. Thread-safe. Facades
+    (Client, and the network fronts to come) build on it; parameters as Client's."""
 
     def __init__(self, name: str = DEFAULT_NAME, *, socket_path_: str | None = None,
                  arena_bytes: int | None = None, spin_us: int | None = None):

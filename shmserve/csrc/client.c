@@ -56,6 +56,7 @@ typedef struct {
 } client_plan;
 
 #define PLAN_CAPSULE "shmserve._core.plan"
+#define MAX_IN_DTYPES 32
 
 typedef struct {
   PyObject_HEAD
@@ -74,6 +75,8 @@ typedef struct {
   PyObject *plans;
   PyObject *ndarray, *result_type, *timeout_error, *dead_error;
   PyObject *in_dtypes;                  /* ((dtype, code), ...) accepted for inputs */
+  PyObject *in_dtype[MAX_IN_DTYPES];    /* ... the same, borrowed from in_dtypes */
+  uint32_t in_code[MAX_IN_DTYPES], n_in_dtypes;
   PyObject *out_dtypes;                 /* numpy dtype by code, None: Python decodes */
   int closed;
   unsigned long long sent_c, sent_py;   /* slots taken by infer()/send(), by Python */
@@ -352,13 +355,8 @@ static int take_input(ClientCore *self, call *c, uint32_t index, PyObject *value
     return 0;
   }
   uint32_t code = 0;
-  for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(self->in_dtypes); k++) {
-    PyObject *pair = PyTuple_GET_ITEM(self->in_dtypes, k);
-    if (PyTuple_GET_ITEM(pair, 0) == dtype) {
-      code = (uint32_t)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(pair, 1));
-      break;
-    }
-  }
+  for (uint32_t k = 0; k < self->n_in_dtypes && !code; k++)
+    if (self->in_dtype[k] == dtype) code = self->in_code[k];
   Py_DECREF(dtype);
   if (!code) return 0; /* BYTES, byte-swapped, or a dtype Python words the error for */
   Py_buffer *v = &c->views[c->n_views];
@@ -1067,13 +1065,21 @@ static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
     PyErr_Format(PyExc_ValueError, "output dtypes: %d entries, one per data type code", SHMS_TYPE_COUNT);
     return -1;
   }
+  if (PyTuple_GET_SIZE(in_dtypes) > MAX_IN_DTYPES) {
+    PyErr_Format(PyExc_ValueError, "more than %d input dtypes", MAX_IN_DTYPES);
+    return -1;
+  }
   for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(in_dtypes); k++) {
     PyObject *pair = PyTuple_GET_ITEM(in_dtypes, k);
-    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 1))) {
-      PyErr_SetString(PyExc_TypeError, "input dtypes are (dtype, code) pairs");
+    unsigned int code;
+    if (!PyTuple_Check(pair) || !PyArg_ParseTuple(pair, "OI", &self->in_dtype[k], &code) ||
+        code == 0 || code >= SHMS_TYPE_COUNT) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "input dtypes: (dtype, code) pairs");
       return -1;
     }
+    self->in_code[k] = code;
   }
+  self->n_in_dtypes = (uint32_t)PyTuple_GET_SIZE(in_dtypes);
   /* The geometry the hello reply announced, checked once against the mapping. */
   if (!shms_py_at(arena, 0, sizeof(shms_arena_header), 64) ||
       !shms_py_at(arena, slots_offset, (uint64_t)n_slots * sizeof(shms_slot), 64) ||
