@@ -87,7 +87,8 @@ typedef struct {
 } call_input;
 
 typedef struct {
-  PyObject *plan; /* the Python Plan (borrowed from the plans entry) */
+  PyObject *entry; /* the plans entry (Plan, compiled), held for the whole call */
+  PyObject *plan;  /* the Python Plan, from entry */
   const client_plan *p;
   uint32_t n_in, n_out, n_views;
   call_input in[SHMS_MAX_TENSORS];
@@ -101,6 +102,12 @@ typedef struct {
 static void drop_views(call *c) {
   for (uint32_t i = 0; i < c->n_views; i++) PyBuffer_Release(&c->views[i]);
   c->n_views = 0;
+}
+
+/* The end of a call take_call() took: the views (if still held) and the plan go. */
+static void end_call(call *c) {
+  drop_views(c);
+  Py_CLEAR(c->entry);
 }
 
 static uint64_t aligned(uint64_t n) { return shms_align(n ? n : 1, SHMS_DATA_ALIGN); }
@@ -145,7 +152,7 @@ static int take_input(ClientCore *self, call *c, uint32_t index, PyObject *value
 
 /* The request's inputs, outputs and block size from the caller's arguments, checked
  * against the plan as Python's sources(), wanted() and Engine._prepare would.
- * Returns 1 (views held: drop_views), or 0: not for the C path (nothing held). */
+ * Returns 1 (views and plan held: end_call), or 0: not for the C path (nothing held). */
 static int take_call(ClientCore *self, call *c, PyObject *model, PyObject *inputs,
                      PyObject *outputs, PyObject *version) {
   PyObject *entry = plan_entry(self, model, version);
@@ -156,6 +163,7 @@ static int take_call(ClientCore *self, call *c, PyObject *model, PyObject *input
     PyErr_Clear();
     return 0;
   }
+  c->entry = Py_NewRef(entry); /* the GIL is released later: the plan must stay */
   c->n_in = c->n_out = c->n_views = 0;
   if (PyDict_CheckExact(inputs)) {
     Py_ssize_t pos = 0;
@@ -219,7 +227,7 @@ static int take_call(ClientCore *self, call *c, PyObject *model, PyObject *input
   return 1;
 not_taken:
   PyErr_Clear();
-  drop_views(c);
+  end_call(c);
   return 0;
 }
 
@@ -496,7 +504,7 @@ PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize
   call c;
   if (!take_call(self, &c, args[1], args[2], args[3], args[4])) Py_RETURN_NONE;
   if (!place_call(self, &c)) {
-    drop_views(&c);
+    end_call(&c);
     Py_RETURN_NONE;
   }
   self->sent_c++;
@@ -547,6 +555,7 @@ PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize
   }
 done:
   leave(self);
+  end_call(&c);
   return out;
 }
 
@@ -593,7 +602,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   if (!place_call(self, &c)) {
     Py_DECREF(sources);
     Py_DECREF(wanted);
-    drop_views(&c);
+    end_call(&c);
     Py_RETURN_NONE;
   }
   /* Everything the poller needs is in req before the answer can come. */
@@ -613,7 +622,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   if (failed) {
     shms_py_free(self->alloc, c.block, c.block_bytes);
     shms_py_slot_put(self, c.slot);
-    drop_views(&c);
+    end_call(&c);
     return NULL;
   }
   self->slots[c.slot].req = Py_NewRef(req);
@@ -625,7 +634,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   PyObject *out = NULL;
   enter(self);
   int rc = send_call(self, &c, &lc, 0, &started, -1, 0, &withdrawn, &how);
-  drop_views(&c);
+  end_call(&c);
   if (rc != SHMS_RING_OK && withdrawn) {
     out = unsent(self, &c, &lc, rc);
   } else if (lc.exc_type) { /* in flight: the poller answers its future */
@@ -637,7 +646,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   return out;
 fail_views:
   Py_XDECREF(sources);
-  drop_views(&c);
+  end_call(&c);
   return NULL;
 }
 
