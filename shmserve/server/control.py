@@ -194,9 +194,11 @@ class ControlPlane:
             mb = self.layout.mailbox(child.boot["worker_index"])
             proc = child.proc
             pid = proc.pid if proc is not None and proc.poll() is None else None
-            state = ("RETIRED" if child.retired else "RESTARTING" if pid is None
+            loaded = self.model_state.get(model_id, "").startswith("READY")
+            state = ("RETIRED" if child.retired
+                     else ("RESTARTING" if loaded else "UNAVAILABLE") if pid is None
                      else "BUSY" if srv.load32(mb + L["mailbox.state"]) == P.MailboxState.ASSIGNED
-                     else "IDLE")
+                     else "IDLE" if loaded else "LOADING")
             rows.append({"instance": n, "pid": pid, "state": state, "restarts": child.restarts,
                          "executions": srv.load64(mb + L["mailbox.executions"]),
                          "wakeups": {w.name: srv.load64(mb + L["mailbox.wakeups"] + 8 * w)
