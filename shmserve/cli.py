@@ -55,6 +55,34 @@ def metrics_options(args) -> dict:
             "metrics_config": config, "metrics_interval_ms": args.metrics_interval_ms}
 
 
+def _log_format(text: str) -> str:
+    from .logs import parse_format
+
+    try:
+        return parse_format(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _log_level(text: str) -> str:
+    from .logs import parse_level
+
+    try:
+        return parse_level(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _verbosity(text: str) -> int:
+    try:
+        level = int(text)
+    except ValueError:
+        level = -1
+    if level < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a verbose level (0 off, 1 or more on)")
+    return level
+
+
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
@@ -64,7 +92,10 @@ def cmd_serve(args) -> int:
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
                             exit_timeout_s=args.exit_timeout_secs,
-                            log_level=args.log_level.upper(), group=args.group,
+                            log_level=args.log_level, log_verbose=args.log_verbose,
+                            log_info=args.log_info, log_warning=args.log_warning,
+                            log_error=args.log_error, log_format=args.log_format,
+                            log_file=args.log_file, group=args.group,
                             exit_on_error=args.exit_on_error,
                             auto_complete_config=not (args.disable_auto_complete_config
                                                       or args.strict_model_config)))
@@ -339,7 +370,22 @@ def main(argv: list[str] | None = None) -> int:
                         "counter_latencies=false, histogram_latencies=true")
     s.add_argument("--load-timeout", type=float, default=120.0,
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
-    s.add_argument("--log-level", default="info")
+    s.add_argument("--log-verbose", type=_verbosity, default=0, metavar="N",
+                   help="verbose logging: 0 off (default), 1 or more on (Triton's option)")
+    for severity in ("info", "warning", "error"):
+        s.add_argument(f"--log-{severity}", type=_bool, default=True, nargs="?", const=True,
+                       metavar="BOOL", help=f"{severity} lines on or off (default true)")
+    s.add_argument("--log-format", type=_log_format, default="default",
+                   metavar="default|ISO8601",
+                   help="line format: default 'I1203 15:06:14.123456 PID ROLE/FILE:LINE] msg' "
+                        "or ISO8601 '2026-12-03T15:06:14Z I PID ROLE/FILE:LINE] msg' (UTC)")
+    s.add_argument("--log-file", default=None, metavar="PATH",
+                   help="append every process's log lines to this file (created 0600) "
+                        "instead of stderr")
+    s.add_argument("--log-level", type=_log_level, default="info",
+                   metavar="debug|info|warning|error",
+                   help="older shorthand: debug = --log-verbose 1, warning = --log-info=false, "
+                        "error = also --log-warning=false")
     s.add_argument("--exit-on-error", type=_bool, default=True, nargs="?", const=True,
                    metavar="BOOL",
                    help="a model that cannot be loaded (broken config.pbtxt, missing model "

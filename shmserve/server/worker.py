@@ -16,6 +16,7 @@ import traceback
 import numpy as np
 
 from ..backends import load_backend
+from ..logs import capture_model_output
 from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
                         encode_bytes, numpy_dtype)
 from .repository import ModelSpec
@@ -283,7 +284,7 @@ def _clip(message: str, limit: int = ERROR_BYTES - 1) -> str:
 
 def report_load(boot: dict, message: dict) -> None:
     """The one-line load report on the handshake pipe (none for a restarted worker:
-    nobody waits for it). stdout is the server's log, free for model code."""
+    nobody waits for it). stdout is free for model code (its lines are logged)."""
     fd = boot.get("handshake_fd")
     if fd is not None:
         with os.fdopen(fd, "w") as pipe:
@@ -292,15 +293,18 @@ def report_load(boot: dict, message: dict) -> None:
 
 def main() -> None:
     boot = child_setup("worker")
-    logging.basicConfig(level=boot.get("log_level", "INFO"),
-                        format=f"[shmserve worker {boot['model']['name']}#{boot['worker_index']}] %(message)s")
+    model = boot["model"]
+    capture_model_output(f"model '{model['name']}' version {model['version']} "
+                         f"instance {boot['instance']}")
     worker = Worker(boot)
     try:
         worker.load()
     except Exception as e:
         report_load(boot, {"ready": False, "error": f"{type(e).__name__}: {e}"})
         sys.exit(3)
-    report_load(boot, {"ready": True})
+    log.debug("model '%s' version %d instance %d: loaded, taking batches", model["name"],
+              model["version"], boot["instance"])
+    report_load(boot, {"ready": True, "monotonic": time.monotonic()})
     try:
         worker.serve_forever()
     finally:
