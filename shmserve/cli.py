@@ -1,4 +1,4 @@
-"""The `shmserve` command: serve, models, infer, health."""
+"""The `shmserve` command: serve, models, stats, status, health, infer, bench."""
 from __future__ import annotations
 
 import argparse
@@ -208,6 +208,26 @@ def _control_call(sock: socket.socket, request, deadline: float, name: str):
         raise _NoServer(f"server '{name}' sent a malformed reply ({e})") from None
 
 
+def _control_connect(name: str, timeout: float) -> socket.socket:
+    """A bare connection to server `name`'s control socket (no hello: no lease);
+    _NoServer, saying why, when nothing accepts it within `timeout` seconds."""
+    from .segments import socket_path
+
+    path = str(socket_path(name, create=False))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(max(timeout, 1e-3))
+        sock.connect(path)
+    except socket.timeout:
+        sock.close()
+        raise _NoServer(f"server '{name}' did not accept a connection within "
+                        f"{timeout:g} s") from None
+    except OSError as e:
+        sock.close()
+        raise _NoServer(f"no server '{name}' ({path}: {e.strerror or e})") from None
+    return sock
+
+
 def check_health(name: str, ready: bool = False, model: str | None = None,
                  version: int | None = None, timeout: float = 5.0) -> tuple[int, str]:
     """(exit code, why) of Triton's health checks against server `name`: live = its
@@ -216,27 +236,20 @@ def check_health(name: str, ready: bool = False, model: str | None = None,
     opened and no arena made; the whole check takes at most `timeout` seconds."""
     from . import protocol as P
     from .client.request import version_key
-    from .segments import socket_path
 
     deadline = time.monotonic() + timeout
-    path = str(socket_path(name, create=False))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:
-            sock.settimeout(max(timeout, 1e-3))
-            sock.connect(path)
-        except socket.timeout:
-            return NO_SERVER, f"server '{name}' did not accept a connection within {timeout:g} s"
-        except OSError as e:
-            return NO_SERVER, f"no server '{name}' ({path}: {e.strerror or e})"
-        try:
-            if model is None:
-                reply = _control_call(sock, P.ListModels(), deadline, name)
-            else:
-                reply = _control_call(sock, P.GetMetadata(model, version_key(version)),
-                                      deadline, name)
-        except _NoServer as e:
-            return NO_SERVER, str(e)
+        sock = _control_connect(name, timeout)
+    except _NoServer as e:
+        return NO_SERVER, str(e)
+    try:
+        if model is None:
+            reply = _control_call(sock, P.ListModels(), deadline, name)
+        else:
+            reply = _control_call(sock, P.GetMetadata(model, version_key(version)),
+                                  deadline, name)
+    except _NoServer as e:
+        return NO_SERVER, str(e)
     finally:
         sock.close()
     if isinstance(reply, P.ErrorReply):
@@ -253,6 +266,16 @@ def check_health(name: str, ready: bool = False, model: str | None = None,
     more = f" (and {len(down) - 1} more not ready)" if len(down) > 1 else ""
     return UNHEALTHY, (f"not ready: model '{first['name']}' version {first['version']} is "
                        f"{first['state']}{more}")
+
+
+def cmd_status(args) -> int:
+    from .status import run
+
+    if not args.interval > 0:
+        print(f"shmserve status: --interval must be a positive number of seconds, not "
+              f"{args.interval:g}", file=sys.stderr)
+        return 1
+    return run(args.name, interval=args.interval, once=args.once, timeout=args.timeout)
 
 
 def cmd_health(args) -> int:
@@ -434,6 +457,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds the whole check may take (default 5)")
     h.add_argument("--quiet", "-q", action="store_true", help="print nothing when healthy")
     h.set_defaults(fn=cmd_health)
+
+    sv = sub.add_parser(
+        "status", help="a live view of the server: models, rates, latencies, clients",
+        description="Refreshes every --interval seconds: the server (uptime, ring depth, "
+                    "clients, batcher, restarts, wake-ups), one row per model version "
+                    "(state, instances busy, pending requests, inferences and requests per "
+                    "second, p50/p99 request latency and mean queue and compute time over "
+                    "the last interval, failures by reason) and one per client (slots in "
+                    "use, bytes in flight, arena). Opens no lease. --once prints one frame "
+                    "(rates over two samples --interval apart) and exits: 0, or 2 when no "
+                    "server answers, as `shmserve health`.")
+    sv.add_argument("--name", default=DEFAULT_NAME)
+    sv.add_argument("--interval", type=float, default=1.0, metavar="S",
+                    help="seconds between refreshes (default 1)")
+    sv.add_argument("--once", action="store_true",
+                    help="print one frame and exit (for scripts)")
+    sv.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds the server has to answer each refresh (default 5)")
+    sv.set_defaults(fn=cmd_status)
 
     i = sub.add_parser("infer", help="send one request and print outputs and latency")
     i.add_argument("model")
