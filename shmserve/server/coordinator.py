@@ -21,6 +21,7 @@ from ..segments import Segment, pid_alive, socket_path
 from .control import ControlPlane
 from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
 from .supervisor import Child, Supervisor
+from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
                        resolve_group, share_with_group, unreachable_by_group,
@@ -52,6 +53,7 @@ class ServeOptions:
     exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
     # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
     auto_complete_config: bool = True  # Triton's default; --disable-auto-complete-config
+    trace: TraceConfig | None = None  # --trace-config (tracing.py); None or level OFF: none
 
 
 class AlreadyRunningError(ShmServeError):
@@ -84,6 +86,7 @@ class Coordinator(ControlPlane, Supervisor):
         self.gid: int | None = None  # --group: its members may be clients too
         self.started_at = time.monotonic()
         self.ring_capacity = 0
+        self.traces = None  # tracing.TraceSink while --trace-config traces
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -157,9 +160,11 @@ class Coordinator(ControlPlane, Supervisor):
         worker_models = [m for m, s in enumerate(self.specs) for _ in range(s.instance_count)]
         self.children.append(Child("batcher", self.boot_message(
             models=[s.to_dict() for s in self.specs], worker_models=worker_models)))
+        trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
         for index, model_id in enumerate(worker_models):
             self.children.append(Child("worker", self.boot_message(
-                worker_index=index, model_id=model_id, model=self.specs[model_id].to_dict())))
+                worker_index=index, model_id=model_id, model=self.specs[model_id].to_dict(),
+                **trace)))
 
     # -- 3. shutdown ------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -177,6 +182,11 @@ class Coordinator(ControlPlane, Supervisor):
                 except subprocess.TimeoutExpired:
                     child.proc.kill()
                     child.proc.wait()
+        if self.traces is not None:  # the workers are gone: what they sent is all there is
+            try:
+                self.traces.close()
+            except Exception as e:  # the segments below must go whatever happened here
+                log.error("traces: could not finish: %s", e)
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
@@ -259,6 +269,8 @@ class Coordinator(ControlPlane, Supervisor):
                 self.opts.metrics_interval_ms)
             log.info("metrics on http://%s:%d/metrics", self.opts.metrics_address,
                      self.opts.metrics_port)
+        if self.traces is not None:
+            loop.add_reader(self.traces.read_fd, self.traces.on_readable)
         supervisor = asyncio.create_task(self.supervise(stop))
         await stop.wait()
         server.close()  # no new lease; the open ones stay, so their requests can be answered
@@ -308,6 +320,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
         coord.specs, coord.broken = load_models(opts)
+        coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
         coord.create_segments()
         coord.plan_children()
         coord.start_children()
