@@ -162,6 +162,12 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_trace_summary(args) -> int:
+    from .server.trace_summary import main as summary
+
+    return summary(args.file)
+
+
 HEALTHY, UNHEALTHY, NO_SERVER = 0, 1, 2  # `shmserve health` exit codes
 
 
@@ -385,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--version", type=int, default=None, help="one version of --model")
     st.add_argument("--json", action="store_true", help="print the JSON response")
     st.set_defaults(fn=cmd_stats)
+
+    ts = sub.add_parser("trace-summary", help="summarize trace files of --trace-config "
+                        "(what Triton's trace_summary.py prints)")
+    ts.add_argument("file", nargs="+", help="trace file(s) in Triton's JSON")
+    ts.set_defaults(fn=cmd_trace_summary)
 
     h = sub.add_parser(
         "health", help="is the server live (or ready)? exit 0 yes, 1 not ready, 2 no server",
