@@ -198,6 +198,8 @@ def _trace_file(label: str, value: str) -> str:
         raise ConfigError(f"{label}: directory {path.parent} does not exist")
     if path.is_dir():
         raise ConfigError(f"{label}: {path} is a directory")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{label}: directory {path.parent} is not writable")
     return str(path)
 
 
