@@ -83,10 +83,22 @@ def _verbosity(text: str) -> int:
     return level
 
 
+def trace_options(args) -> dict:
+    """--trace-config as the ServeOptions field (Triton's settings; tracing.py)."""
+    from .errors import ConfigError
+    from .server.tracing import parse_trace_config
+
+    try:
+        return {"trace": parse_trace_config(args.trace_config)}
+    except ConfigError as e:
+        raise SystemExit(f"shmserve serve: {e}") from None
+
+
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
-    return run(ServeOptions(**metrics_options(args),model_repository=args.model_repository, name=args.name,
+    return run(ServeOptions(**metrics_options(args), **trace_options(args),
+                            model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
@@ -180,6 +192,12 @@ def cmd_stats(args) -> int:
     else:
         print(format_stats(stats))
     return 0
+
+
+def cmd_trace_summary(args) -> int:
+    from .server.trace_summary import main as summary
+
+    return summary(args.file)
 
 
 HEALTHY, UNHEALTHY, NO_SERVER = 0, 1, 2  # `shmserve health` exit codes
@@ -391,6 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
                    help="as Triton: summary_latencies=true, summary_quantiles=0.5:0.05,..., "
                         "counter_latencies=false, histogram_latencies=true")
+    s.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="request traces, as Triton: level=TIMESTAMPS (default OFF), rate=N "
+                        "(one request in N, default 1000), count=N (-1: no limit), "
+                        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+                        "opentelemetry,url=URL (docs/operating.md, Traces)")
     s.add_argument("--load-timeout", type=float, default=120.0,
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
     s.add_argument("--log-verbose", type=_verbosity, default=0, metavar="N",
@@ -438,6 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--version", type=int, default=None, help="one version of --model")
     st.add_argument("--json", action="store_true", help="print the JSON response")
     st.set_defaults(fn=cmd_stats)
+
+    ts = sub.add_parser("trace-summary", help="summarize trace files of --trace-config "
+                        "(what Triton's trace_summary.py prints)")
+    ts.add_argument("file", nargs="+", help="trace file(s) in Triton's JSON")
+    ts.set_defaults(fn=cmd_trace_summary)
 
     h = sub.add_parser(
         "health", help="is the server live (or ready)? exit 0 yes, 1 not ready, 2 no server",

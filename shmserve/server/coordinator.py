@@ -22,6 +22,7 @@ from ..segments import Segment, pid_alive, socket_path
 from .control import ControlPlane
 from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
 from .supervisor import Child, Supervisor, describe_exit
+from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
                        resolve_group, share_with_group, unreachable_by_group,
@@ -59,6 +60,7 @@ class ServeOptions:
     exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
     # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
     auto_complete_config: bool = True  # Triton's default; --disable-auto-complete-config
+    trace: TraceConfig | None = None  # --trace-config (tracing.py); None or level OFF: none
 
     def log_options(self) -> LogOptions:
         return LogOptions.with_level(
@@ -98,6 +100,7 @@ class Coordinator(ControlPlane, Supervisor):
         self.started_at = time.monotonic()
         self.ring_capacity = 0
         self.stopping = False
+        self.traces = None  # tracing.TraceSink while --trace-config traces
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -172,10 +175,11 @@ class Coordinator(ControlPlane, Supervisor):
         worker_models = [m for m, _ in instances]
         self.children.append(Child("batcher", self.boot_message(
             models=[s.to_dict() for s in self.specs], worker_models=worker_models)))
+        trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
         for index, (model_id, instance) in enumerate(instances):
             self.children.append(Child("worker", self.boot_message(
                 worker_index=index, model_id=model_id, instance=instance,
-                model=self.specs[model_id].to_dict())))
+                model=self.specs[model_id].to_dict(), **trace)))
 
     # -- 3. shutdown ------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -198,6 +202,11 @@ class Coordinator(ControlPlane, Supervisor):
         for model_id, spec in enumerate(self.specs):
             if self.model_state.get(model_id) == "READY":
                 log.info("model unloaded: '%s' version %d", spec.name, spec.version)
+        if self.traces is not None:  # the workers are gone: what they sent is all there is
+            try:
+                self.traces.close()
+            except Exception as e:  # the segments below must go whatever happened here
+                log.error("traces: could not finish: %s", e)
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
@@ -285,6 +294,8 @@ class Coordinator(ControlPlane, Supervisor):
                 self.opts.metrics_interval_ms)
             log.info("metrics on http://%s:%d/metrics", self.opts.metrics_address,
                      self.opts.metrics_port)
+        if self.traces is not None:
+            loop.add_reader(self.traces.read_fd, self.traces.on_readable)
         supervisor = asyncio.create_task(self.supervise(stop))
         await stop.wait()
         log.info("server stopping: '%s' (%s)", self.opts.name, stopped_by[0])
@@ -343,6 +354,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
         coord.specs, coord.broken = load_models(opts)
+        coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
         coord.create_segments()
         coord.plan_children()
         coord.start_children()

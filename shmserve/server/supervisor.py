@@ -64,10 +64,12 @@ class Supervisor:
         if handshake:
             read_end, write_end = os.pipe()
             boot["handshake_fd"], keep = write_end, (write_end,)
+        # A worker's trace pipe (boot "trace") stays open here for its restarts.
+        shared = (boot["trace"]["fd"],) if "trace" in boot else ()
         try:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", f"shmserve.server.{child.role}"], stdin=subprocess.PIPE,
-                stdout=sys.stderr.fileno(), pass_fds=keep)
+                stdout=sys.stderr.fileno(), pass_fds=keep + shared)
         except BaseException:
             if handshake:
                 os.close(read_end)

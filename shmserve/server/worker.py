@@ -21,6 +21,7 @@ from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Tim
                         encode_bytes, numpy_dtype)
 from .repository import ModelSpec
 from .maps import ServerMaps, child_setup
+from .tracing import Sampler
 
 L = LAYOUT
 BYTES = DataType.BYTES
@@ -58,6 +59,8 @@ class Worker:
         self.model_off = self.maps.layout.model(self.model_id)
         self.batched = self.spec.max_batch_size > 0
         self.backend = None
+        # --trace-config: None when tracing is off, so run_batch does not even look
+        self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
@@ -174,11 +177,14 @@ class Worker:
         srv.record_answers(self.model_off, [(int(st), req.taken_ns)
                                             for req, (st, _, _) in zip(live, answers)])
         srv.add64(self.mailbox + L["mailbox.executions"], 1)
+        traced = self.tracer.sample(live) if self.tracer is not None else None
         for req, (st, m, results) in zip(live, answers):
             try:
                 req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
             except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
                 log.warning("client %d: could not answer: %s", req.client_id, e)
+        if traced:
+            self.tracer.send(traced, t_input, t_infer, t_output, done)
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
     def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:
