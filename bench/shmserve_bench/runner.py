@@ -125,7 +125,7 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def _model_row(client, model: str) -> dict | None:
+def model_row(client, model: str) -> dict | None:
     """The model's statistics row (its newest version), None if unavailable."""
     try:
         rows = client.statistics(model)
@@ -135,7 +135,7 @@ def _model_row(client, model: str) -> dict | None:
 
 
 def _stats_of(client, model: str) -> dict | None:
-    row = _model_row(client, model)
+    row = model_row(client, model)
     if row is None:
         return None
     return {"request_success": row.get("request_success", 0),
@@ -256,7 +256,7 @@ def run_target(cfg: BenchConfig, url: str, deadline: float | None, levels_left: 
         data_sets = I.load(meta, cfg.input_data, cfg.shapes, cfg.batch_size, cfg.seed)
         server_pid = probe.server_pid() or cfg.server_pid
         client = getattr(probe, "client", None) if url_scheme(url) == "shm" else None
-        stats = (lambda: _model_row(client, cfg.model)) if client is not None else None
+        stats = (lambda: model_row(client, cfg.model)) if client is not None else None
         # shmserve's roles are told apart; a KServe server's tree is one "server"
         sampler = C.ServerSampler(server_pid, stats, by_role=client is not None)
         for mode, value in cfg.levels():
