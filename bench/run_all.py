@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The bench suite: every DESIGN.md target in one run, then bench/RESULTS.md.
 
-    .venv/bin/python bench/run_all.py                 # about 5-8 minutes on 2 cores
+    .venv/bin/python bench/run_all.py                 # about 7-8 minutes on 2 cores
     .venv/bin/python bench/run_all.py --repeats 1 --no-triton     # quick look
 
 Each repeat, one server at a time (never two measurements at once):
