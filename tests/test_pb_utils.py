@@ -206,6 +206,8 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             if (x == 9999).any():
                 raise ValueError("poison in the batch")
+            if (x == 3333).any():
+                return responses  # fewer responses than requests
             if (x < 0).any():
                 error = pb_utils.TritonError("negative input", pb_utils.TritonError.INVALID_ARG)
                 responses.append(pb_utils.InferenceResponse(output_tensors=[], error=error))
@@ -514,12 +516,19 @@ def test_each_request_of_a_batch_gets_its_own_answer_or_error(client):
 
 
 def test_a_model_that_raises_fails_its_whole_batch(client):
-    """As in Triton: an exception from execute() answers every request of the batch."""
+    """As in Triton: an exception from execute(), or a list of responses that does not
+    match the requests, answers every request of the batch."""
     futures = [client.submit("picky", {"INPUT0": np.array([[v, 0.0]], np.float32)})
                for v in (1.0, 9999.0, 2.0)]
     for f in futures:
         with pytest.raises(shmserve.InternalError,
                            match="model 'picky' raised ValueError: poison in the batch"):
+            f.result(30)
+    futures = [client.submit("picky", {"INPUT0": np.array([[v, 0.0]], np.float32)})
+               for v in (1.0, 3333.0, 2.0)]
+    for f in futures:
+        with pytest.raises(shmserve.InternalError,
+                           match=r"model 'picky': execute\(\) returned 1 responses for 3 requests"):
             f.result(30)
 
 

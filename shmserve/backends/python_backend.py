@@ -24,7 +24,6 @@ import asyncio
 import importlib.abc
 import importlib.util
 import inspect
-import logging
 import sys
 
 from google.protobuf import text_format
@@ -35,15 +34,15 @@ from ..errors import ConfigError
 from ..pb_utils import bls
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
+from ..pb_utils.messages import incoming
+from ..pb_utils.tensor import wrap
 from ..protocol import Status
 from . import Instance
 
-log = logging.getLogger("shmserve.worker")
 API_PARAMETER = "shmserve.python_api"
 TRITON_API, NUMPY_API = "triton", "numpy"
 
-_Tensor, _InferenceRequest, _InferenceResponse = (pb_utils.Tensor, pb_utils.InferenceRequest,
-                                                  pb_utils.InferenceResponse)
+_Tensor, _InferenceResponse = pb_utils.Tensor, pb_utils.InferenceResponse
 
 
 class _PbUtilsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -99,8 +98,7 @@ class Backend:
                               f"\"{TRITON_API}\" or \"{NUMPY_API}\", got {api!r}")
         self.per_request = api == TRITON_API  # the worker calls execute_requests()
         self._loop = None
-        if self.per_request:
-            bls.bind(spec.name, spec.instance_count, instance.server, instance.socket)
+        bls.bind(spec.name, spec.instance_count, instance.server, instance.socket)  # lazy lease
         self.model = cls()
         if hasattr(self.model, "initialize"):
             self.model.initialize(initialize_args(spec, instance))
@@ -112,19 +110,17 @@ class Backend:
         return self.model.execute(inputs)
 
     # -- Triton's API: a list of requests, a response each ------------------------------------
-    def execute_requests(self, requests: list[tuple[dict, list]]) -> list:
-        """requests: per request, ({input name: array view}, requested output names).
+    def execute_requests(self, requests: list[tuple[list, list]]) -> list:
+        """requests: per request, ([(input name, array view)], requested output names).
         Returns per request {output name: array}, or (status, message) for an error."""
-        reqs = [_InferenceRequest._incoming([_Tensor._wrap(n, a) for n, a in inputs.items()],
-                                            requested)
-                for inputs, requested in requests]
+        reqs = [incoming([wrap(n, a) for n, a in inputs], requested) for inputs, requested in requests]
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:
             responses = self.model.execute(reqs)
-        if type(responses) is not list or len(responses) != len(reqs):
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(reqs):
             what = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) \
-                else type(responses).__name__
+                else f"a {type(responses).__name__}"
             msg = (f"model '{self.spec.name}': execute() returned {what} for {len(reqs)} "
                    "requests; Triton's python API (the model imports triton_python_backend_utils"
                    ") wants a list of one pb_utils.InferenceResponse per request")
@@ -132,30 +128,37 @@ class Backend:
                 msg += (f" (a numpy-dict model sets parameters \"{API_PARAMETER}\" to "
                         f"\"{NUMPY_API}\")")
             return [(Status.INTERNAL, msg)] * len(reqs)
-        return [self._outputs(i, r) for i, r in enumerate(responses)]
+        results = []
+        for response in responses:
+            if type(response) is _InferenceResponse and response._error is None:
+                outputs = {}
+                for t in response._outputs:
+                    if type(t) is not _Tensor:
+                        break
+                    outputs[t._name] = t._array
+                else:
+                    results.append(outputs)
+                    continue
+            results.append(self._refused(len(results), response))
+        return results
 
-    def _outputs(self, i: int, response):
+    def _refused(self, i: int, response) -> tuple:
+        """(status, message) for the response to request i: its error, or why it is none."""
         if type(response) is not _InferenceResponse:
             return (Status.INTERNAL, f"model '{self.spec.name}': execute() returned "
                     f"{type(response).__name__} for request {i}, not a pb_utils.InferenceResponse")
-        error = response._error
-        if error is not None:
-            return (status_of(error), error.message())
-        outputs = {}
-        for t in response._outputs:
-            if type(t) is not _Tensor:
-                return (Status.INTERNAL, f"model '{self.spec.name}': the response to request {i} "
-                        f"holds a {type(t).__name__}, not a pb_utils.Tensor")
-            outputs[t._name] = t._array
-        return outputs
+        if response._error is not None:
+            return (status_of(response._error), response._error.message())
+        wrong = next(t for t in response._outputs if type(t) is not _Tensor)
+        return (Status.INTERNAL, f"model '{self.spec.name}': the response to request {i} holds "
+                f"a {type(wrong).__name__}, not a pb_utils.Tensor")
 
     def close(self):
         try:
             if hasattr(self.model, "finalize"):
                 self.model.finalize()
         finally:
-            if self.per_request:
-                bls.close()
+            bls.close()
             if self._loop is not None:
                 self._loop.close()
 

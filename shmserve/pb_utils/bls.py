@@ -20,7 +20,7 @@ import threading
 from ..errors import ServerTimeoutError, ShmServeError
 from . import messages
 from .errors import TritonError, code_of
-from .tensor import Tensor
+from .tensor import wrap
 
 DEFAULT_TIMEOUT_S = 60.0  # a BLS request without its own timeout waits at most this long
 
@@ -116,7 +116,7 @@ async def execute_async(request) -> "messages.InferenceResponse":
 
 def _response(result) -> "messages.InferenceResponse":
     # Views of the worker's arena: valid while the tensors live (no copy)
-    return messages.InferenceResponse([Tensor._wrap(name, arr) for name, arr in result.items()])
+    return messages.InferenceResponse([wrap(name, arr) for name, arr in result.items()])
 
 
 def _error(code: int, message: str) -> "messages.InferenceResponse":

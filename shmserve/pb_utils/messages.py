@@ -68,20 +68,6 @@ class InferenceRequest:
         self._flags = flags
         self._timeout_us = int(timeout)
 
-    @classmethod
-    def _incoming(cls, inputs: list, requested: list) -> "InferenceRequest":
-        """A request execute() receives (no checks: the batcher validated it)."""
-        r = cls.__new__(cls)
-        r._model_name = ""
-        r._inputs = inputs
-        r._requested = requested
-        r._model_version = -1
-        r._request_id = ""
-        r._correlation_id = 0
-        r._flags = 0
-        r._timeout_us = 0
-        return r
-
     # -- what a request holds -----------------------------------------------------
     def inputs(self) -> list:
         return self._inputs
@@ -137,6 +123,17 @@ class InferenceRequest:
             raise NotImplementedByShmserve("InferenceRequest.async_exec(decoupled=True)",
                                            "decoupled models")
         return await bls.execute_async(self)
+
+
+def incoming(inputs: list, requested: list) -> InferenceRequest:
+    """A request execute() receives (no checks: the batcher validated it)."""
+    r = _new(InferenceRequest)
+    r._model_name, r._inputs, r._requested, r._model_version = "", inputs, requested, -1
+    r._request_id, r._correlation_id, r._flags, r._timeout_us = "", 0, 0, 0
+    return r
+
+
+_new = object.__new__
 
 
 class InferenceResponse:

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 
-from ..protocol import DTYPE_CODES, DTYPE_NAMES, decode_bytes, dtype_code, encode_bytes, numpy_dtype
+from ..protocol import DTYPE_CODES, decode_bytes, dtype_code, encode_bytes, numpy_dtype
 from .errors import TritonModelException
 
 _CPU = 1  # DLPack's kDLCPU
@@ -32,14 +32,6 @@ class Tensor:
                 "python backend; use np.object_ (bytes or str elements) for BYTES tensors")
         self._name = name
         self._array = array
-
-    @classmethod
-    def _wrap(cls, name: str, array: np.ndarray) -> "Tensor":
-        """An input tensor as the backend builds it: no check (the batcher validated it)."""
-        t = cls.__new__(cls)
-        t._name = name
-        t._array = array
-        return t
 
     def name(self) -> str:
         return self._name
@@ -86,6 +78,17 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"pb_utils.Tensor({self._name!r}, {self._array.dtype}{list(self._array.shape)})"
+
+
+def wrap(name: str, array: np.ndarray) -> Tensor:
+    """A Tensor as the backend builds one: no check (the batcher validated its input)."""
+    t = _new(Tensor)
+    t._name = name
+    t._array = array
+    return t
+
+
+_new = object.__new__
 
 
 class _Capsule:
@@ -145,8 +148,3 @@ def deserialize_bytes_tensor(encoded_tensor) -> np.ndarray:
         count += 1
     return decode_bytes(view, (count,))
 
-
-def dtype_name(code: int) -> str:
-    """Config name of a data type number: 11 -> "TYPE_FP32", 13 -> "TYPE_STRING"."""
-    name = DTYPE_NAMES[code]
-    return "TYPE_STRING" if name == "BYTES" else f"TYPE_{name}"

@@ -204,8 +204,9 @@ class Worker:
         as a list, each with its inputs viewing its caller's arena (no gather), each
         answered alone (its outputs checked and written, or its own error). Returns
         (answers, t_infer, t_output)."""
-        requests = [(self.request_inputs(req), [self.spec.outputs[ref[0]].name for ref in req.outputs])
-                    for req in live]
+        ins, outs = self.spec.inputs, self.spec.outputs
+        requests = [([(ins[ref[0]].name, self.view(req.arena.buffer, ref)) for ref in req.inputs],
+                     [outs[ref[0]].name for ref in req.outputs]) for req in live]
         t_infer = time.monotonic_ns()
         try:
             results = self.backend.execute_requests(requests)
@@ -260,10 +261,6 @@ class Worker:
             return offset  # parsed by decode_bytes_inputs
         dt = numpy_dtype(dtype)
         return np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
-
-    def request_inputs(self, req: Request) -> dict:
-        buf = req.arena.buffer
-        return {self.spec.inputs[ref[0]].name: self.view(buf, ref) for ref in req.inputs}
 
     def gather(self, live: list[Request]) -> dict:
         per_input: list[list] = [[] for _ in self.spec.inputs]
