@@ -31,7 +31,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import pb_utils
 from ..errors import ConfigError
-from ..pb_utils import bls
+from ..pb_utils import bls, logger
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
 from ..pb_utils.messages import incoming
@@ -99,6 +99,7 @@ class Backend:
         self.per_request = api == TRITON_API  # the worker calls execute_requests()
         self._loop = None
         bls.bind(spec.name, spec.instance_count, instance.server, instance.socket)  # lazy lease
+        logger.bind(f"model '{spec.name}' version {spec.version} instance {instance.index}")
         self.model = cls()
         if hasattr(self.model, "initialize"):
             self.model.initialize(initialize_args(spec, instance))

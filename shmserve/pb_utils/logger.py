@@ -1,13 +1,15 @@
-"""pb_utils.Logger: model log lines into the server log, with file and line as
-Triton writes them. VERBOSE lines show with --log-level DEBUG (Triton's --log-verbose)."""
+"""pb_utils.Logger: model log lines into the server log (shmserve/logs.py), at the
+file and line of the model code that logs, as Triton writes them, naming the model
+instance as its print() lines do. VERBOSE lines show with --log-verbose (or
+--log-level debug), as Triton's."""
 from __future__ import annotations
 
 import enum
 import logging
-import os
 import sys
 
 _log = logging.getLogger("shmserve.model")
+_who = ""  # "model 'm' version 1 instance 0: ", set by the python backend
 
 
 class LogLevel(enum.IntEnum):
@@ -21,6 +23,12 @@ _PYTHON_LEVEL = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
                  LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
 
 
+def bind(who: str) -> None:
+    """Names the model instance in every line (the worker's python backend)."""
+    global _who
+    _who = f"{who}: " if who else ""
+
+
 class Logger:
     LogLevel = LogLevel
     INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, \
@@ -31,9 +39,11 @@ class Logger:
         python_level = _PYTHON_LEVEL[LogLevel(level)]
         if not _log.isEnabledFor(python_level):
             return
-        caller = sys._getframe(2 if sys._getframe(1).f_code.co_filename == __file__ else 1)
-        _log.log(python_level, "%s %s:%d] %s", LogLevel(level).name[0],
-                 os.path.basename(caller.f_code.co_filename), caller.f_lineno, message)
+        caller = sys._getframe(1)
+        if caller.f_code.co_filename == __file__:  # log_info() and its kin
+            caller = caller.f_back
+        _log.handle(_log.makeRecord(_log.name, python_level, caller.f_code.co_filename,
+                                    caller.f_lineno, "%s%s", (_who, message), None))
 
     @staticmethod
     def log_info(message: str) -> None:

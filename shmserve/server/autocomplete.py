@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -188,10 +189,15 @@ def complete_python_config(cfg: mc.ModelConfig, model_py: Path, where: str) -> N
     """Completes cfg (in place) with model_py's auto_complete_config hook, if it has
     one. A hook that raises, returns something else or runs past HOOK_TIMEOUT_S is a
     ConfigError naming the file and what went wrong."""
-    from ..pb_utils.config import apply_auto_complete, config_json
+    from ..logs import AppendHandler, LogOptions
+    from ..pb_utils.config import apply_auto_complete, config_dict
 
     if not defines_auto_complete(model_py):
         return
+    # the child logs as this process does (the server's handler holds its options)
+    log_options = next((h.opts for h in logging.getLogger().handlers
+                        if isinstance(h, AppendHandler)), LogOptions())
+    message = json.dumps({"config": config_dict(cfg), "log": log_options.as_dict()})
     with tempfile.TemporaryDirectory(prefix="shmserve-autocomplete-") as tmp:
         result_path = Path(tmp) / "config.json"
         # the hook's prints and logs go to the server log (our stderr), never a pipe we read
@@ -199,7 +205,7 @@ def complete_python_config(cfg: mc.ModelConfig, model_py: Path, where: str) -> N
                                  str(model_py), str(result_path)],
                                 stdin=subprocess.PIPE, stdout=2, stderr=2, env=os.environ.copy())
         try:
-            proc.communicate(config_json(cfg).encode(), timeout=HOOK_TIMEOUT_S)
+            proc.communicate(message.encode(), timeout=HOOK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
