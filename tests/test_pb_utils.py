@@ -108,7 +108,7 @@ class TritonPythonModel:
 ADD_SUB_BATCHED_CONFIG = ADD_SUB_CONFIG.replace('name: "add_sub"', 'name: "add_sub_batched"') \
     .replace('backend: "python"', 'backend: "python"\nmax_batch_size: 8\n'
              'dynamic_batching { preferred_batch_size: [ 4 ] '
-             'max_queue_delay_microseconds: 3000000 }')
+             'max_queue_delay_microseconds: 10000000 }')
 
 # auto_complete_config as Triton's docs write it; the directory has no config.pbtxt.
 AUTO_CODE = '''import triton_python_backend_utils as pb_utils
@@ -192,7 +192,7 @@ backend: "python"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 2 ] } ]
-dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 3000000 }
+dynamic_batching { preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 10000000 }
 '''
 
 PICKY_CODE = '''import numpy as np
@@ -227,7 +227,7 @@ backend: "python"
 max_batch_size: 8
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
-dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }
+dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 10000000 }
 '''
 
 VIEWS_CODE = '''import time
@@ -486,7 +486,7 @@ def test_inputs_are_views_of_the_callers_shared_memory(client, server):
     """The model reads its inputs after sleeping; the callers change their arena arrays
     while the batch runs: the model sees the change, so nothing was copied or gathered."""
     x, y = client.empty((1, 1), np.float32), client.empty((1, 1), np.float32)
-    x[0, 0], y[0, 0] = 1.5, 2.0  # x's value: how long the model sleeps
+    x[0, 0], y[0, 0] = 2.5, 2.0  # x's value: how long the model sleeps
     fx, fy = client.submit("views", {"INPUT0": x}), client.submit("views", {"INPUT0": y})
     wait_in_flight(server, client, SlotState.RUNNING, SlotState.RUNNING)
     x[0, 0], y[0, 0] = 10.0, 20.0
