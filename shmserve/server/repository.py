@@ -156,10 +156,10 @@ def _versions(model_dir: Path, cfg: mc.ModelConfig, model_file: str, where: str)
 def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
     """The servable versions of one model directory. auto_complete (Triton's default;
     --disable-auto-complete-config turns it off): an ONNX model's config.pbtxt may be
-    missing or leave out input/output/max_batch_size, completed from the graph
-    (autocomplete.py)."""
+    missing or leave out input/output/max_batch_size, completed from the graph; a
+    python model's is completed by its auto_complete_config hook (autocomplete.py)."""
     where = str(model_dir / "config.pbtxt")
-    onnx_file = None
+    model_path = None  # the file auto-complete reads, when found without a config
     if (model_dir / "config.pbtxt").is_file():
         text = (model_dir / "config.pbtxt").read_text()
         cfg = parse_config(text, where)
@@ -167,13 +167,18 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
         raise ConfigError(f"{where}: missing (every model needs a config.pbtxt when "
                           "auto-complete is disabled)")
     else:
-        onnx_file = autocomplete.find_onnx_model(model_dir)
-        if onnx_file is None:
-            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} "
-                              f"in {model_dir} to complete a configuration from (only ONNX "
-                              "models are auto-completed; others need a config.pbtxt)")
+        for backend, model_file in ((autocomplete.ONNX_BACKEND, autocomplete.ONNX_FILE),
+                                    (autocomplete.PYTHON_BACKEND, autocomplete.PYTHON_FILE)):
+            model_path = autocomplete.find_model_file(model_dir, model_file)
+            if model_path is not None:
+                break
+        else:
+            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} or "
+                              f"<version>/{autocomplete.PYTHON_FILE} in {model_dir} to complete "
+                              "a configuration from (only ONNX and python models are "
+                              "auto-completed; others need a config.pbtxt)")
         where = str(model_dir)  # errors name the directory: there is no file
-        cfg = mc.ModelConfig(backend=autocomplete.ONNX_BACKEND)
+        cfg = mc.ModelConfig(backend=backend)
     name = cfg.name or model_dir.name
     if name != model_dir.name:
         raise ConfigError(f"{where}: name '{cfg.name}' differs from its directory '{model_dir.name}'")
@@ -185,15 +190,18 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
     if backend not in BACKENDS:
         raise ConfigError(f"{where}: backend {backend or '(none)'!r} is not supported "
                           f"(supported: {', '.join(sorted(BACKENDS))})")
-    if auto_complete and backend == autocomplete.ONNX_BACKEND:
-        if onnx_file is None:
+    if auto_complete and backend in (autocomplete.ONNX_BACKEND, autocomplete.PYTHON_BACKEND):
+        if model_path is None:
             model_file = cfg.default_model_filename or BACKENDS[backend][1]
             if os.sep in model_file or model_file in ("..", "."):
                 raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a "
                                   "file name")
-            onnx_file = next((model_dir / str(v) / model_file
-                              for v in reversed(_versions(model_dir, cfg, model_file, where))), None)
-        autocomplete.complete_onnx_config(cfg, onnx_file, where)
+            model_path = next((model_dir / str(v) / model_file
+                               for v in reversed(_versions(model_dir, cfg, model_file, where))), None)
+        if backend == autocomplete.ONNX_BACKEND:
+            autocomplete.complete_onnx_config(cfg, model_path, where)
+        else:
+            autocomplete.complete_python_config(cfg, model_path, where)
     unsupported.check(cfg, where)  # refuses what would change results, warns of the rest
     if cfg.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size {cfg.max_batch_size} must be >= 0")
