@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
@@ -61,6 +62,7 @@ class Worker:
         self.instance = Instance(boot.get("instance", 0), boot.get("server_name", "default"),
                                  boot.get("socket"))
         self.backend = None
+        self.stopping = False  # set by SIGTERM: leave serve_forever after the batch in hand
         # --trace-config: None when tracing is off, so run_batch does not even look
         self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
         self.per_request = False  # Triton's python API: execute_requests()
@@ -102,7 +104,7 @@ class Worker:
         waiting = self.mailbox + L["mailbox.batcher_waiting"]
         spin = self.maps.spin
         dropped_at = time.monotonic_ns()
-        while True:
+        while not self.stopping:
             # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
             started = time.monotonic_ns()
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
@@ -360,6 +362,9 @@ def main() -> None:
     log.debug("model '%s' version %d instance %d: loaded, taking batches", model["name"],
               model["version"], boot["instance"])
     report_load(boot, {"ready": True, "monotonic": time.monotonic()})
+    # The coordinator's stop (SIGTERM) ends the loop after the batch in hand (its answers
+    # and traces go out), then the model's finalize() runs, as Triton's unload does.
+    signal.signal(signal.SIGTERM, lambda *_: setattr(worker, "stopping", True))
     try:
         worker.serve_forever()
     finally:
