@@ -388,6 +388,19 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 '''
 
 
+SIBLING_CODE = '''
+import sibling_helpers  # a file next to model.py, as Triton's python stub allows
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", sibling_helpers.triple(pb_utils.get_input_tensor_by_name(
+                r, "INPUT0").as_numpy()))]) for r in requests]
+'''
+
+
 def write_repository(repo) -> None:
     write_model(repo, "add_sub", ADD_SUB_CONFIG, ADD_SUB_CODE)
     write_model(repo, "add_sub_batched", ADD_SUB_BATCHED_CONFIG, ADD_SUB_CODE)
@@ -405,6 +418,9 @@ def write_repository(repo) -> None:
     write_model(repo, "unsupported_init", UNARY_CONFIG.replace("{name}", "unsupported_init"),
                 UNSUPPORTED_INIT_CODE)
     write_model(repo, "numpy_logger", NUMPY_LOGGER_CONFIG, NUMPY_LOGGER_CODE)
+    write_model(repo, "sibling", UNARY_CONFIG.replace("{name}", "sibling"), SIBLING_CODE)
+    (repo / "sibling" / "1" / "sibling_helpers.py").write_text(
+        "def triple(x):\n    return 3 * x\n")
 
 
 @pytest.fixture(scope="module")
@@ -788,3 +804,8 @@ def test_model_config_setters():
         config.add_input({"name": "C", "data_type": "TYPE_FP32"})
     with pytest.raises(ValueError, match="only name, data_type, dims and optional"):
         config.add_input({"name": "C", "data_type": "TYPE_FP32", "dims": [1], "reshape": {}})
+
+
+def test_model_imports_a_file_next_to_it(client):
+    x = np.array([2.0], np.float32)
+    np.testing.assert_array_equal(client.infer("sibling", {"INPUT0": x})["OUTPUT0"], 3 * x)

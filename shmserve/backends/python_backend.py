@@ -24,6 +24,7 @@ import asyncio
 import importlib.abc
 import importlib.util
 import inspect
+import os
 import sys
 
 from google.protobuf import text_format
@@ -72,6 +73,11 @@ def import_model(path: str, module_name: str):
     imported triton_python_backend_utils)."""
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
+    # Files next to model.py import as modules, as Triton's python stub allows (its
+    # version directory is on sys.path); a worker serves one model, so no two clash.
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:
+        sys.path.insert(0, here)
     before = _finder.imports
     loader = importlib.util.spec_from_file_location(module_name, path)
     module = importlib.util.module_from_spec(loader)
