@@ -19,6 +19,7 @@ from ..backends import load_backend
 from ..logs import capture_model_output
 from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
                         encode_bytes, numpy_dtype)
+from . import reshape, warmup
 from .repository import ModelSpec
 from .maps import ServerMaps, child_setup
 from .tracing import Sampler
@@ -58,6 +59,7 @@ class Worker:
         self.mailbox = self.maps.layout.mailbox(self.index)
         self.model_off = self.maps.layout.model(self.model_id)
         self.batched = self.spec.max_batch_size > 0
+        self.reshaped_inputs = tuple(t for t in self.spec.inputs if t.reshape is not None)
         self.backend = None
         # --trace-config: None when tracing is off, so run_batch does not even look
         self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
@@ -65,6 +67,7 @@ class Worker:
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
         self.backend = load_backend(self.spec)
+        warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
         # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
         # mailbox.pid in dispatch(): from then on it hands us batches; the doorbell
@@ -224,8 +227,22 @@ class Worker:
                 per_input[index].append(arr)
         out = {}
         for spec, arrays in zip(self.spec.inputs, per_input):
-            out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return out
+            # An optional input the batch left out stays out: requests batch only with
+            # requests that give the same inputs (the shape key says which they give).
+            if arrays:
+                out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return self.to_model(out)
+
+    def to_model(self, inputs: dict) -> dict:
+        """Inputs as callers send them, in the shapes the model takes (config reshape)."""
+        for spec in self.reshaped_inputs:
+            if spec.name in inputs:
+                inputs[spec.name] = reshape.to_model(spec, inputs[spec.name], self.batched)
+        return inputs
+
+    def warm(self, inputs: dict, rows: int) -> None:
+        """One warmup execution (warmup.py): the path of a batch, outputs checked."""
+        self.check_outputs(self.backend.execute(self.to_model(inputs)), rows)
 
     def check_outputs(self, outputs, rows: int) -> dict:
         if not isinstance(outputs, dict):
@@ -249,6 +266,12 @@ class Worker:
             if self.batched and (arr.ndim < 1 or arr.shape[0] != rows):
                 raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output '{spec.name}' "
                                  f"has shape {arr.shape}, expected {rows} rows first")
+            if spec.reshape is not None:  # the model's shape back into the config's dims
+                try:
+                    arr = reshape.to_caller(spec, arr, self.batched)
+                except ValueError as e:
+                    raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
+                                     f"'{spec.name}' {e}") from None
             checked[spec.name] = arr
         return checked
 
