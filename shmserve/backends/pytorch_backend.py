@@ -84,8 +84,11 @@ class Backend:
         inter = P.integer(params, "INTER_OP_THREAD_COUNT", 1, where, minimum=0)
         if intra:
             torch.set_num_threads(intra)
-        if inter:
-            torch.set_num_interop_threads(inter)  # before any parallel work: a fresh process
+        if inter and torch.get_num_interop_threads() != inter:
+            try:  # only before any parallel work: a worker is a fresh process
+                torch.set_num_interop_threads(inter)
+            except RuntimeError as e:
+                wlog.warning("%s: INTER_OP_THREAD_COUNT %d not applied: %s", where, inter, e)
         self.inference_mode = P.flag(params, "INFERENCE_MODE", True, where)
         self.exported = spec.path.endswith(".pt2")
         try:
