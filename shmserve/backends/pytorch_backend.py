@@ -140,8 +140,8 @@ class Backend:
 
     @staticmethod
     def _exported_args(program) -> tuple[list[str], bool]:
-        args_spec = program.call_spec.in_spec.children_specs[0]
-        children = args_spec.children_specs
+        args_spec = program.call_spec.in_spec.child(0)  # (args, kwargs): the args
+        children = [args_spec.child(i) for i in range(args_spec.num_children)]
         if len(children) == 1 and children[0].type is dict:
             return [], True
         return list(program.graph_signature.user_inputs), False
