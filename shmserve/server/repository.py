@@ -331,7 +331,7 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     for v in _versions(model_dir, cfg, where):
         path = model_dir / str(v) / model_file
         if not path.exists():  # Triton fails this version's load; the others serve
-            why = f"{path}: missing (version {v}'s model file; default_model_filename names it)"
+            why = f"{path}: missing (the model file of version {v}, which version_policy selects)"
             if problems is None:
                 raise ConfigError(why)
             problems.append(ModelProblem(name, v, why))
