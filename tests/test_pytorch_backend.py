@@ -19,7 +19,9 @@ from shmserve.server.repository import load_model
 torch = pytest.importorskip(
     "torch", reason="torch is not installed (pip install 'shmserve[torch]', torch==2.13.0)")
 
-pytestmark = pytest.mark.timeout(240)
+# TorchScript is what Triton's pytorch backend serves; torch 2.13 calls it deprecated.
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")]
 
 
 class AddMul(torch.nn.Module):

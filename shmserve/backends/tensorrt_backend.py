@@ -126,7 +126,8 @@ class Backend:
                                                    in zip(low, arr.shape, high)):
                         raise ValueError(f"input '{name}' shape {list(arr.shape)} is outside "
                                          f"optimization profile 0: {list(low)} to {list(high)}")
-                context.set_input_shape(name, arr.shape)
+                if not context.set_input_shape(name, arr.shape):
+                    raise ValueError(f"TensorRT refused shape {list(arr.shape)} for input '{name}'")
                 device = cupy.asarray(np.ascontiguousarray(arr))
                 keep.append(device)
                 context.set_tensor_address(name, device.data.ptr)

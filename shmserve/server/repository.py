@@ -110,10 +110,12 @@ class ModelSpec:
     def labels(self, output: str) -> list[str]:
         """The labels of an output that names a label_filename (one per line, as
         Triton reads them); [] when it names none."""
-        tensor = next(t for t in self.outputs if t.name == output)
-        if not tensor.label_filename:
-            return []
-        return (self.model_dir / tensor.label_filename).read_text().splitlines()
+        for t in self.outputs:
+            if t.name == output:
+                if not t.label_filename:
+                    return []
+                return (self.model_dir / t.label_filename).read_text().splitlines()
+        raise KeyError(f"model '{self.name}' has no output '{output}'")
 
     def metadata(self, model_id: int) -> dict:
         """KServe-v2-style metadata, plus what a shared-memory client needs."""
