@@ -181,9 +181,10 @@ def test_once_shows_traffic_states_and_the_client(server_factory):
     raiser = rows["raiser"]
     assert raiser[col["state"]] == "READY", r.stdout
     assert float(raiser[col["infer/s"]]) > 0 and float(raiser[col["req/s"]]) > 0, r.stdout
-    # every request of the interval had 2 rows (both rates are rounded to 0.1)
+    # every request of the interval had 2 rows; a snapshot may fall between a batch's
+    # execution count and its answers' count (a few requests at either end of the window)
     assert float(raiser[col["infer/s"]]) == pytest.approx(2 * float(raiser[col["req/s"]]),
-                                                          abs=0.25), r.stdout
+                                                          rel=0.02), r.stdout
     assert float(raiser[col["p50 us"]]) <= float(raiser[col["p99 us"]]), r.stdout
     assert raiser[col["failures"]] == "BACKEND 1", r.stdout
     assert rows["simple"][col["state"]] == "READY", r.stdout

@@ -7,9 +7,14 @@ worker: a missing library makes that model UNAVAILABLE with the reason, never th
 server fail. A backend module may define `check_config(cfg, where)`: the repository
 calls it when it reads a config (no heavy import), to refuse or warn about the
 backend's own parameters and options by name before any worker starts.
+
+The python backend also takes the worker's Instance (model code sees its instance in
+initialize's args and calls back into its server for BLS), and may execute per
+request instead (`per_request`: Triton's python API, python_backend.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 _MODULES = {"python": "python_backend", "onnxruntime": "onnxruntime_backend",
@@ -20,8 +25,19 @@ def _module(backend: str):
     return importlib.import_module(f"{__name__}.{_MODULES[backend]}")
 
 
-def load_backend(spec):
-    return _module(spec.backend).Backend(spec)
+@dataclasses.dataclass(frozen=True)
+class Instance:
+    """The model instance a worker runs, as model code may need it."""
+    index: int = 0  # among the instances of its model
+    server: str = "default"  # the server's name (`shmserve serve --name`)
+    socket: str | None = None  # its control socket (BLS requests are a client's)
+
+
+def load_backend(spec, instance: Instance | None = None):
+    module = _module(spec.backend)
+    if spec.backend == "python":
+        return module.Backend(spec, instance or Instance())
+    return module.Backend(spec)
 
 
 def check_config(backend: str, cfg, where: str) -> None:

@@ -169,6 +169,7 @@ class Coordinator(ControlPlane, Supervisor):
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
                 "idle_check_ms": self.opts.idle_check_ms,
                 "coordinator_pid": os.getpid(),
+                "server_name": self.opts.name, "socket": str(self.sock_path),  # BLS clients
                 "log": self.opts.log_options().as_dict(), **extra}
 
     def plan_children(self) -> None:

@@ -248,12 +248,13 @@ def load_model(model_dir: Path, auto_complete: bool = True,
                problems: list | None = None) -> list[ModelSpec]:
     """The servable versions of one model directory. auto_complete (Triton's default;
     --disable-auto-complete-config turns it off): an ONNX model's config.pbtxt may be
-    missing or leave out input/output/max_batch_size, completed from the graph
-    (autocomplete.py). A version the policy selects whose model file is missing
-    cannot be served: with `problems` (a list) it is appended there as a
-    ModelProblem and the other versions are returned; without, it raises."""
+    missing or leave out input/output/max_batch_size, completed from the graph; a
+    python model's is completed by its auto_complete_config hook (autocomplete.py).
+    A version the policy selects whose model file is missing cannot be served: with
+    `problems` (a list) it is appended there as a ModelProblem and the other versions
+    are returned; without, it raises."""
     where = str(model_dir / "config.pbtxt")
-    onnx_file = None
+    model_path = None  # the file auto-complete reads, when found without a config
     if (model_dir / "config.pbtxt").is_file():
         text = (model_dir / "config.pbtxt").read_text()
         cfg = parse_config(text, where)
@@ -261,13 +262,18 @@ def load_model(model_dir: Path, auto_complete: bool = True,
         raise ConfigError(f"{where}: missing (every model needs a config.pbtxt when "
                           "auto-complete is disabled)")
     else:
-        onnx_file = autocomplete.find_onnx_model(model_dir)
-        if onnx_file is None:
-            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} "
-                              f"in {model_dir} to complete a configuration from (only ONNX "
-                              "models are auto-completed; others need a config.pbtxt)")
+        for backend, model_file in ((autocomplete.ONNX_BACKEND, autocomplete.ONNX_FILE),
+                                    (autocomplete.PYTHON_BACKEND, autocomplete.PYTHON_FILE)):
+            model_path = autocomplete.find_model_file(model_dir, model_file)
+            if model_path is not None:
+                break
+        else:
+            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} or "
+                              f"<version>/{autocomplete.PYTHON_FILE} in {model_dir} to complete "
+                              "a configuration from (only ONNX and python models are "
+                              "auto-completed; others need a config.pbtxt)")
         where = str(model_dir)  # errors name the directory: there is no file
-        cfg = mc.ModelConfig(backend=autocomplete.ONNX_BACKEND)
+        cfg = mc.ModelConfig(backend=backend)
     name = cfg.name or model_dir.name
     if name != model_dir.name:
         raise ConfigError(f"{where}: name '{cfg.name}' differs from its directory '{model_dir.name}'")
@@ -276,16 +282,19 @@ def load_model(model_dir: Path, auto_complete: bool = True,
                           f"under {NAME_BYTES} bytes")
     cfg.name = name
     backend = resolve_backend(cfg, where)
-    if auto_complete and backend == autocomplete.ONNX_BACKEND:
-        if onnx_file is None:
+    if auto_complete and backend in (autocomplete.ONNX_BACKEND, autocomplete.PYTHON_BACKEND):
+        if model_path is None:
             model_file = _model_file(cfg, backend, where)
-            onnx_file = next((model_dir / str(v) / model_file
-                              for v in reversed(_versions(model_dir, cfg, where))
-                              if (model_dir / str(v) / model_file).is_file()), None)
-            if onnx_file is None:
+            model_path = next((model_dir / str(v) / model_file
+                               for v in reversed(_versions(model_dir, cfg, where))
+                               if (model_dir / str(v) / model_file).is_file()), None)
+            if model_path is None:
                 raise ConfigError(f"{where}: no version directory holds {model_file} "
                                   f"(expected {model_dir}/<version>/{model_file})")
-        autocomplete.complete_onnx_config(cfg, onnx_file, where)
+        if backend == autocomplete.ONNX_BACKEND:
+            autocomplete.complete_onnx_config(cfg, model_path, where)
+        else:
+            autocomplete.complete_python_config(cfg, model_path, where)
     unsupported.check(cfg, where, backend)  # refuses what changes results, warns of the rest
     backends.check_config(backend, cfg, where)  # the backend's own parameters and options
     if cfg.max_batch_size < 0:
