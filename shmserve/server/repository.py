@@ -288,12 +288,11 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             model_path = next((model_dir / str(v) / model_file
                                for v in reversed(_versions(model_dir, cfg, where))
                                if (model_dir / str(v) / model_file).is_file()), None)
-            if model_path is None:
-                raise ConfigError(f"{where}: no version directory holds {model_file} "
-                                  f"(expected {model_dir}/<version>/{model_file})")
-        if backend == autocomplete.ONNX_BACKEND:
+        # No version holds the model file: nothing to complete from; each selected
+        # version is then reported missing its file (below), as Triton fails its load.
+        if model_path is not None and backend == autocomplete.ONNX_BACKEND:
             autocomplete.complete_onnx_config(cfg, model_path, where)
-        else:
+        elif model_path is not None:
             autocomplete.complete_python_config(cfg, model_path, where)
     unsupported.check(cfg, where, backend)  # refuses what changes results, warns of the rest
     backends.check_config(backend, cfg, where)  # the backend's own parameters and options
