@@ -157,7 +157,8 @@ class Coordinator(ControlPlane, Supervisor):
         self.server.ops.write_model_entry(
             self.layout.model(model_id), spec.name, spec.version, spec.max_batch_size,
             [(t.name, t.dtype, t.dims) for t in spec.inputs],
-            [(t.name, t.dtype, t.dims) for t in spec.outputs])
+            [(t.name, t.dtype, t.dims) for t in spec.outputs],
+            sum(1 << k for k, t in enumerate(spec.inputs) if t.optional))
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout

@@ -20,6 +20,7 @@ from ..backends import Instance, load_backend
 from ..logs import capture_model_output
 from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
                         encode_bytes, numpy_dtype)
+from . import reshape, warmup
 from .repository import ModelSpec
 from .maps import ServerMaps, child_setup
 from .tracing import Sampler
@@ -59,6 +60,7 @@ class Worker:
         self.mailbox = self.maps.layout.mailbox(self.index)
         self.model_off = self.maps.layout.model(self.model_id)
         self.batched = self.spec.max_batch_size > 0
+        self.reshaped_inputs = tuple(t for t in self.spec.inputs if t.reshape is not None)
         self.instance = Instance(boot.get("instance", 0), boot.get("server_name", "default"),
                                  boot.get("socket"))
         self.backend = None
@@ -71,6 +73,7 @@ class Worker:
     def load(self) -> None:
         self.backend = load_backend(self.spec, self.instance)
         self.per_request = getattr(self.backend, "per_request", False)
+        warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
         # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
         # mailbox.pid in dispatch(): from then on it hands us batches; the doorbell
@@ -207,7 +210,8 @@ class Worker:
         answered alone (its outputs checked and written, or its own error). Returns
         (answers, t_infer, t_output)."""
         ins, outs = self.spec.inputs, self.spec.outputs
-        requests = [([(ins[ref[0]].name, self.view(req.arena.buffer, ref)) for ref in req.inputs],
+        requests = [([(ins[ref[0]].name, self.model_view(req.arena.buffer, ref))
+                      for ref in req.inputs],
                      [outs[ref[0]].name for ref in req.outputs]) for req in live]
         t_infer = time.monotonic_ns()
         try:
@@ -264,6 +268,11 @@ class Worker:
         dt = numpy_dtype(dtype)
         return np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
 
+    def model_view(self, buf, ref) -> np.ndarray:
+        """One request's input in the shape the model takes (config reshape)."""
+        arr, spec = self.view(buf, ref), self.spec.inputs[ref[0]]
+        return arr if spec.reshape is None else reshape.to_model(spec, arr, self.batched)
+
     def gather(self, live: list[Request]) -> dict:
         per_input: list[list] = [[] for _ in self.spec.inputs]
         for req in live:
@@ -272,8 +281,30 @@ class Worker:
                 per_input[ref[0]].append(self.view(buf, ref))
         out = {}
         for spec, arrays in zip(self.spec.inputs, per_input):
-            out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return out
+            # An optional input the batch left out stays out: requests batch only with
+            # requests that give the same inputs (the shape key says which they give).
+            if arrays:
+                out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return self.to_model(out)
+
+    def to_model(self, inputs: dict) -> dict:
+        """Inputs as callers send them, in the shapes the model takes (config reshape)."""
+        for spec in self.reshaped_inputs:
+            if spec.name in inputs:
+                inputs[spec.name] = reshape.to_model(spec, inputs[spec.name], self.batched)
+        return inputs
+
+    def warm(self, inputs: dict, rows: int) -> None:
+        """One warmup execution (warmup.py): the path of a batch, outputs checked."""
+        inputs = self.to_model(inputs)
+        if self.per_request:  # Triton's python API: one request through execute(requests)
+            (result,) = self.backend.execute_requests(
+                [(list(inputs.items()), [t.name for t in self.spec.outputs])])
+            if type(result) is tuple:  # (status, message): the request's error
+                raise BatchError(*result)
+            self.check_outputs(result, rows)
+            return
+        self.check_outputs(self.backend.execute(inputs), rows)
 
     def check_outputs(self, outputs, rows: int, requested=None) -> dict:
         """The outputs checked against the config: every one (or every one requested)."""
@@ -300,6 +331,12 @@ class Worker:
             if self.batched and (arr.ndim < 1 or arr.shape[0] != rows):
                 raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output '{spec.name}' "
                                  f"has shape {arr.shape}, expected {rows} rows first")
+            if spec.reshape is not None:  # the model's shape back into the config's dims
+                try:
+                    arr = reshape.to_caller(spec, arr, self.batched)
+                except ValueError as e:
+                    raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
+                                     f"'{spec.name}' {e}") from None
             checked[spec.name] = arr
         return checked
 
