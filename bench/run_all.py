@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The bench suite: every DESIGN.md target in one run, then bench/RESULTS.md.
 
-    .venv/bin/python bench/run_all.py                 # about 5-8 minutes on 2 cores
+    .venv/bin/python bench/run_all.py                 # about 7-8 minutes on 2 cores
     .venv/bin/python bench/run_all.py --repeats 1 --no-triton     # quick look
 
 Each repeat, one server at a time (never two measurements at once):
@@ -12,8 +12,17 @@ Each repeat, one server at a time (never two measurements at once):
    after each mlp level, bare onnxruntime (same model.onnx, intra_op 1) timed on
    the batch sizes the server formed in that level (its statistics' batch
    histogram): the ceiling at those batch sizes;
+   identity 4 KiB again under contention: one CPU-bound busy process per core for
+   the length of that run (shmserve_bench.contention), stopped whatever happens;
 3. Triton 2.51 from shared/peers (when /tmp/peers-venv exists): the same scenarios
-   over gRPC (+ system shared memory for identity), same harness, same settings.
+   over gRPC (+ system shared memory for identity), same harness, same settings,
+   identity 4 KiB over gRPC + shm under contention too;
+4. once, after the repeats: the metrics cost (bench/metrics_cost.py): identity 4 KiB
+   with --metrics-port scraped every second against no metrics, interleaved pairs.
+
+Every level reports CPU per request: the client's, and the server's by process role
+(coordinator, batcher, workers) with the model's execution time taken out
+(shmserve_bench.cost); the C++ client's from its rusage.
 
 Ratios are computed within each repeat, then the median over repeats is reported.
 The machine is shared and noisy: load before and after and each level's machine
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import shlex
 import shutil
@@ -40,7 +50,11 @@ sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
 import latency as L  # noqa: E402  (server control, machine info, references)
+import metrics_cost as MC  # noqa: E402
 from shmserve_bench import BenchConfig, report, run_benchmark  # noqa: E402
+from shmserve_bench import cost as C  # noqa: E402
+from shmserve_bench.contention import BusyLoad  # noqa: E402
+from shmserve_bench.runner import model_row  # noqa: E402
 from shmserve_bench.ceiling import ort_ceiling  # noqa: E402
 from shmserve_bench import plot as PL  # noqa: E402
 from shmserve_bench import stats as S  # noqa: E402
@@ -49,6 +63,7 @@ TRITON_GRPC = "127.0.0.1:18001"
 IDENTITY = {"4KiB": 1024, "1MiB": 262144}
 MLP_CALLERS = [1, 8, 32]
 TARGETS = {"4KiB": {"p50": 40.0, "p99": 150.0}, "1MiB": {"p50": 150.0}}
+CPP_REQUESTS, CPP_WARMUP = 20000, 1000
 
 
 def say(text: str) -> None:
@@ -100,13 +115,30 @@ def build_cpp_latency() -> Path | None:
     return exe if exe.exists() else None
 
 
-def cpp_latency(exe: Path, server, requests: int, zero_copy: bool) -> dict | None:
-    """identity 4 KiB, 1 caller, through the C++ client against the same server."""
-    cmd = [str(exe), "--name", server.name, "--requests", str(requests)]
+def cpp_latency(exe: Path, server, zero_copy: bool, sampler: C.ServerSampler) -> dict | None:
+    """identity 4 KiB, 1 caller, through the C++ client against the same server; with
+    the client's CPU per request (its rusage, start-up and warm-up included, over all
+    the requests it sent) and the server's by role over the same stretch."""
+    cmd = [str(exe), "--name", server.name, "--requests", str(CPP_REQUESTS),
+           "--warmup", str(CPP_WARMUP)]
+    a, cpu0 = sampler.sample(), C.child_cpu_s()
     r = subprocess.run(cmd + (["--zero-copy"] if zero_copy else []), capture_output=True,
                        text=True, timeout=300, env=server.env())
+    b, cpu1 = sampler.sample(), C.child_cpu_s()
     m = re.search(r"p50 ([\d.]+) us\s+p90 ([\d.]+) us\s+p99 ([\d.]+) us", r.stdout)
-    return {"p50": float(m[1]), "p90": float(m[2]), "p99": float(m[3])} if m else None
+    if not m:
+        return None
+    sent = CPP_REQUESTS + CPP_WARMUP
+    return {"p50": float(m[1]), "p90": float(m[2]), "p99": float(m[3]),
+            "client_us": 1e6 * (cpu1 - cpu0) / sent, "server": C.server_cost(a, b, sent)}
+
+
+def contended_identity(args, url: str, label: str, **kw):
+    """identity 4 KiB, 1 caller, with one busy process per core running throughout."""
+    with BusyLoad() as busy:
+        tr = run_identity(args, url, "4KiB", label, **kw)
+    tr.label = f"{label} identity 4KiB, {busy.count} busy processes"
+    return tr
 
 
 def shmserve_repeat(args, out_log: Path) -> dict:
@@ -118,12 +150,16 @@ def shmserve_repeat(args, out_log: Path) -> dict:
         for size in IDENTITY:
             say(f"  shmserve identity {size} ...")
             res["identity"][size] = run_identity(args, url, size, "shmserve")
+        say("  shmserve identity 4KiB under contention ...")
+        res["contended"] = contended_identity(args, url, "shmserve")
         exe = build_cpp_latency()
         if exe is None:
             res["notes"].append("C++ client not measured: cmake, g++ or libmsgpack-cxx-dev missing")
         else:
             say("  C++ client identity 4KiB ...")
-            res["cpp"] = {mode: cpp_latency(exe, server, 20000, mode == "zero-copy input")
+            stats = server.client()
+            sampler = C.ServerSampler(server.pid, lambda: model_row(stats, "identity"))
+            res["cpp"] = {mode: cpp_latency(exe, server, mode == "zero-copy input", sampler)
                           for mode in ("copied input", "zero-copy input")}
         say("  shmserve mlp 1/8/32 + bare onnxruntime ...")
         res["mlp"] = run_mlp(args, url, "shmserve")
@@ -155,6 +191,9 @@ def triton_repeat(args) -> dict:
                 say(f"  Triton identity {size} {proto} ...")
                 res["identity"][f"{size}/{proto}"] = run_identity(
                     args, f"{proto}://{TRITON_GRPC}", size, f"Triton {proto}", server_pid=pid)
+        say("  Triton identity 4KiB grpc+shm under contention ...")
+        res["contended"] = contended_identity(args, f"grpc+shm://{TRITON_GRPC}", "Triton grpc+shm",
+                                              server_pid=pid)
         say("  Triton mlp 1/8/32 ...")
         res["mlp"] = run_mlp(args, f"grpc://{TRITON_GRPC}", "Triton grpc", server_pid=pid)
     finally:
@@ -180,9 +219,55 @@ def lvl(tr, value=None):
     return next((x for x in tr.levels if int(x.value) == value), None)
 
 
+def cpu_of(lvs) -> dict:
+    """Medians over repeats of the CPU per request (us) of one scenario's levels:
+    client, server by role, model, server less model, server total."""
+    lvs = [x for x in lvs if x is not None]
+    roles: dict[str, list] = {}
+    for x in lvs:
+        for r, v in (x.server_cpu_us_by_role or {}).items():
+            roles.setdefault(r, []).append(v)
+    return {"client": med([x.client_cpu_us_per_request for x in lvs]),
+            "roles": {r: med(v) for r, v in roles.items()},
+            "model": med([x.model_us_per_request for x in lvs]),
+            "overhead": med([x.server_overhead_us_per_request for x in lvs]),
+            "total": med([x.server_cpu_us_per_request for x in lvs])}
+
+
+def cpp_cpu_of(runs: list[dict]) -> dict:
+    """cpu_of() for the C++ client's runs (cpp_latency's dicts)."""
+    srv = [r["server"] for r in runs if r.get("server")]
+    roles: dict[str, list] = {}
+    for c in srv:
+        for r, v in c["us_per_request"].items():
+            roles.setdefault(r, []).append(v)
+    return {"client": med([r.get("client_us") for r in runs]),
+            "roles": {r: med(v) for r, v in roles.items()},
+            "model": med([c["model_us"] for c in srv]),
+            "overhead": med([c["overhead_us"] for c in srv]),
+            "total": med([c["total_us"] for c in srv])}
+
+
+def growth(reps, quiet, contended) -> dict | None:
+    """Quiet and contended p50/p99 (medians over repeats) and their growth factor
+    contended / quiet, taken within each repeat, then the median."""
+    pairs = [(lvl(quiet(r)), lvl(contended(r))) for r in reps]
+    pairs = [(q, c) for q, c in pairs if q and c and q.summary["n"] and c.summary["n"]]
+    if not pairs:
+        return None
+    out = {"repeats": len(pairs), "stable": sum(bool(c.stable) for _, c in pairs),
+           "machine": med([c.machine_busy_pct for _, c in pairs])}
+    for k in ("p50", "p99"):
+        out[f"quiet_{k}"] = med([q.summary["latency_us"][k] for q, _ in pairs])
+        out[f"contended_{k}"] = med([c.summary["latency_us"][k] for _, c in pairs])
+        out[f"growth_{k}"] = med([c.summary["latency_us"][k] / q.summary["latency_us"][k]
+                                  for q, c in pairs])
+    return out
+
+
 def summarize(reps: list[dict]) -> dict:
     """Medians over repeats of every figure the report shows, ratios within repeats."""
-    out = {"identity": {}, "mlp": {}, "stages": {}}
+    out = {"identity": {}, "mlp": {}, "stages": {}, "cpu": {}, "contended": {}}
     for size in IDENTITY:
         rows = {}
         for who, get in [("shmserve", lambda r: r["shm"]["identity"].get(size)),
@@ -199,6 +284,8 @@ def summarize(reps: list[dict]) -> dict:
             rows[who]["p50_range"] = (min(x.summary["latency_us"]["p50"] for x in lvs),
                                       max(x.summary["latency_us"]["p50"] for x in lvs))
             rows[who]["repeats"] = len(lvs)
+            out["cpu"][f"{who} identity {size}" + (" (Python client)" if who == "shmserve" else "")] = \
+                cpu_of(lvs)
         ratios = []
         for r in reps:
             a, b = lvl(r["shm"]["identity"].get(size)), lvl(r["triton"]["identity"].get(f"{size}/grpc+shm"))
@@ -218,6 +305,7 @@ def summarize(reps: list[dict]) -> dict:
         runs = [x for x in runs if x]
         if runs:
             out["cpp"][mode] = {k: med([x[k] for x in runs]) for k in ("p50", "p90", "p99")}
+            out["cpu"][f"shmserve identity 4KiB (C++ client, {mode})"] = cpp_cpu_of(runs)
     for callers in MLP_CALLERS:
         row, shm_ceil, shm_tri = {}, [], []
         shm = [lvl(r["shm"].get("mlp"), callers) for r in reps]
@@ -231,6 +319,7 @@ def summarize(reps: list[dict]) -> dict:
         for who, lvs in (("shmserve", shm), ("Triton grpc", tri)):
             lvs = [x for x in lvs if x is not None]
             if lvs:
+                out["cpu"][f"{who} mlp, {callers} caller(s)"] = cpu_of(lvs)
                 row[who] = {"throughput": med([x.summary["throughput"] for x in lvs]),
                             "p50": med([x.summary["latency_us"]["p50"] for x in lvs]),
                             "p99": med([x.summary["latency_us"]["p99"] for x in lvs]),
@@ -246,7 +335,27 @@ def summarize(reps: list[dict]) -> dict:
         row["shm_over_ceiling"] = med(shm_ceil)
         row["shm_over_triton"] = med(shm_tri)
         out["mlp"][callers] = row
+    out["contended"] = {
+        "shmserve": growth(reps, lambda r: r["shm"]["identity"].get("4KiB"),
+                           lambda r: r["shm"].get("contended")),
+        "Triton grpc+shm": growth(reps, lambda r: r["triton"]["identity"].get("4KiB/grpc+shm"),
+                                  lambda r: r["triton"].get("contended"))}
     return out
+
+
+BUSY_WARNING_PCT = 50.0  # of one core, with nothing of the suite running
+
+
+def disturbed(res: dict) -> list[str]:
+    """A warning at the top of the report when other tenants kept the CPUs busy before
+    or after the run: its figures then say little against a quiet run's."""
+    busy = [res[k]["busy_pct_of_one_core"] for k in ("load_before", "load_after")]
+    if max(busy) < BUSY_WARNING_PCT:
+        return []
+    return [f"**Disturbed run**: other processes kept the CPUs busy ({busy[0]:.0f} % of one core "
+            f"before the run, {busy[1]:.0f} % after, with nothing of the suite running). Absolute "
+            "figures are not comparable with a quiet run's; ratios within this run are the "
+            "figures to read.", ""]
 
 
 def render(res: dict, s: dict) -> str:
@@ -255,6 +364,7 @@ def render(res: dict, s: dict) -> str:
          f"Generated by `bench/run_all.py` on {res['started_utc']} in {res['wall_s']:.0f} s "
          f"({res['repeats']} repeat(s); medians over repeats, ratios taken within each repeat "
          "and then the median). Regenerate:", "", "```", res["command"], "```", "",
+         *disturbed(res),
          "## Machine", "",
          f"- {m['cpus']} CPUs ({m['usable_cpus']} usable), {m['cpu_model']}, kernel {m['kernel']}, "
          f"Python {m['python']}, numpy {m['numpy']}; shmserve {res['commit']}",
@@ -331,6 +441,7 @@ def render(res: dict, s: dict) -> str:
           f"({'met' if (r32.get('shm_over_triton') or 0) >= 3 else 'not met'}); >= 90 % of bare "
           f"onnxruntime at the same batch sizes: **{f(100 * r32['shm_over_ceiling'] if r32.get('shm_over_ceiling') else None, 0)} %** "
           f"({'met' if (r32.get('shm_over_ceiling') or 0) >= 0.9 else 'not met'})", ""]
+    o += cpu_section(s) + contended_section(res, s) + metrics_section(res)
     o += ["## References (same run, us)", ""]
     rows = [[k, f(v["p50"]), f(v["p99"])] for k, v in res["references"].items()]
     o.append(report.markdown_table(["what", "p50", "p99"], rows))
@@ -342,6 +453,76 @@ def render(res: dict, s: dict) -> str:
     return "\n".join(o)
 
 
+def cpu_section(s: dict) -> list[str]:
+    o = ["## CPU per request (us, median over repeats)", "",
+         "CPU time (user + system, from /proc) used during the measured windows, divided by "
+         "the requests answered in them. Server: the server's process tree by role: "
+         "coordinator (control socket, intake, metrics), batcher "
+         "(`-m shmserve.server.batcher`), workers (`-m shmserve.server.worker`, one per model "
+         "instance, the model included); *model* is the model's execution time from the "
+         "server's statistics (`batch_stats[].compute_infer.ns`: wall time of each execution, summed over "
+         "executions, spread over the requests), and *server less model* is the server total "
+         "minus it: the serving overhead. Spin-waiting (the batcher's, the workers' and the "
+         "client's `spin_us`) is CPU and is counted. Client: the harness's client processes "
+         "(the Python client plus the harness's own bookkeeping, a few us), or the C++ "
+         "client's rusage (`shmserve_latency`, "
+         f"{CPP_REQUESTS} + {CPP_WARMUP} warm-up requests, start-up included). Triton: its "
+         "whole process tree (tritonserver and the Python backend stubs, which run the "
+         "model), as one figure.", ""]
+    rows = []
+    keys = sorted(s["cpu"], key=lambda k: (not k.startswith("shmserve"), list(s["cpu"]).index(k)))
+    for k in keys:
+        c = s["cpu"][k]
+        roles = c["roles"]
+        if "server" in roles:  # a KServe server: one figure
+            rows.append([k, f(c["client"]), "-", "-", "-", "-", "-", f(c["total"])])
+            continue
+        rows.append([k, f(c["client"]), *[f(roles.get(r)) for r in C.ROLES], f(c["model"]),
+                     f"**{f(c['overhead'])}**", f(c["total"])])
+    o.append(report.markdown_table(["scenario", "client", "coordinator", "batcher", "workers",
+                                    "model", "server less model", "server total"], rows))
+    o.append("")
+    return o
+
+
+def contended_section(res: dict, s: dict) -> list[str]:
+    n = len(os.sched_getaffinity(0))
+    o = ["## Under contention (identity 4 KiB, 1 caller, us)", "",
+         f"The same identity 4 KiB run with {n} CPU-bound busy processes (`while True: pass`, "
+         "normal priority, one per core) running for its whole length, started just before "
+         "and stopped (SIGKILL, reaped) right after it; quiet = the run without them in the "
+         "same repeat. Growth = contended / quiet, taken within each repeat, median over "
+         "repeats.", ""]
+    rows = []
+    for who, g in s["contended"].items():
+        if g is None:
+            why = "Triton not run (see Notes)" if who.startswith("Triton") else "not measured"
+            rows.append([who, why, "", "", "", "", "", ""])
+            continue
+        rows.append([who, f(g["quiet_p50"]), f(g["contended_p50"]), f"**{f(g['growth_p50'], 1)}x**",
+                     f(g["quiet_p99"]), f(g["contended_p99"]), f"**{f(g['growth_p99'], 1)}x**",
+                     f"{g['stable']}/{g['repeats']}"])
+    o.append(report.markdown_table(["target", "quiet p50", "contended p50", "p50 growth",
+                                    "quiet p99", "contended p99", "p99 growth",
+                                    "contended runs stable"], rows))
+    o.append("")
+    return o
+
+
+def metrics_section(res: dict) -> list[str]:
+    m = res.get("metrics_cost")
+    o = ["## Metrics cost (identity 4 KiB, 1 caller)", ""]
+    if m is None:
+        return o + ["Not measured (`--metrics-pairs 0`).", ""]
+    if not m.get("pairs"):
+        return o + [f"Not measured: {m.get('error', 'no pair completed')}", ""]
+    o += ["`bench/metrics_cost.py`: two servers, one with `--metrics-port` (GET /metrics every "
+          "second while it is measured) and one without, measured in turn in pairs whose order "
+          "alternates; on - off per pair, median over pairs. The scraper runs on this machine: "
+          "its CPU is in the time per request, not in the server's CPU.", ""]
+    return o + MC.render(m) + [""]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -351,6 +532,8 @@ def main(argv=None) -> int:
     p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     p.add_argument("--triton", dest="triton", action="store_true", default=None)
     p.add_argument("--no-triton", dest="triton", action="store_false")
+    p.add_argument("--metrics-pairs", type=int, default=5,
+                   help="A/B pairs of the metrics cost measurement (0: skip it)")
     p.add_argument("--results", type=Path, default=BENCH / "RESULTS.md")
     p.add_argument("-v", "--verbose", action="store_true", help="every window")
     args = p.parse_args(argv)
@@ -383,10 +566,19 @@ def main(argv=None) -> int:
             say(f"repeat {i + 1}/{args.repeats}: Triton")
             tri = triton_repeat(args)
         res["notes"] += [f"repeat {i + 1}: {n}" for n in shm["notes"] + tri["notes"]]
-        for tr in [*shm["identity"].values(), shm.get("mlp"), *tri["identity"].values(), tri.get("mlp")]:
+        for tr in [*shm["identity"].values(), shm.get("contended"), shm.get("mlp"),
+                   *tri["identity"].values(), tri.get("contended"), tri.get("mlp")]:
             if tr is not None and tr.error:
                 res["notes"].append(f"repeat {i + 1}: {tr.label}: {tr.error}")
         reps.append({"shm": shm, "triton": tri})
+    if args.metrics_pairs > 0:
+        say("metrics cost")
+        try:
+            res["metrics_cost"] = MC.measure(args.model_repository, out, args.metrics_pairs,
+                                             args.window_ms, args.warmup, args.max_trials, say)
+        except RuntimeError as e:
+            res["metrics_cost"] = {"pairs": [], "error": str(e)}
+        res["notes"] += [f"metrics cost: {n}" for n in res["metrics_cost"].get("notes", [])]
     res["references"] = {k: {"p50": med([r[k]["p50"] for r in refs]),
                              "p99": med([r[k]["p99"] for r in refs])} for k in refs[0]}
     s = summarize(reps)
@@ -405,11 +597,15 @@ def main(argv=None) -> int:
     res["wall_s"] = time.monotonic() - t0
     res["repeats"] = args.repeats
     res["json"] = f"bench/out/run_all-{stamp}.json"
+    as_dict = lambda tr: tr.to_dict() if tr is not None else None
     raw = [{"shm": {"identity": {k: v.to_dict() for k, v in r["shm"]["identity"].items()},
-                    "mlp": r["shm"]["mlp"].to_dict() if r["shm"].get("mlp") else None,
+                    "contended": as_dict(r["shm"].get("contended")),
+                    "cpp": r["shm"].get("cpp"),
+                    "mlp": as_dict(r["shm"].get("mlp")),
                     "ceiling": r["shm"].get("ceiling")},
             "triton": {"identity": {k: v.to_dict() for k, v in r["triton"]["identity"].items()},
-                       "mlp": r["triton"]["mlp"].to_dict() if r["triton"].get("mlp") else None}}
+                       "contended": as_dict(r["triton"].get("contended")),
+                       "mlp": as_dict(r["triton"].get("mlp"))}}
            for r in reps]
     (ROOT / res["json"]).write_text(json.dumps({"summary": s, "run": {k: v for k, v in res.items()},
                                                 "repeats": raw}, indent=1, default=report._default))

@@ -1,4 +1,4 @@
-"""The `shmserve` command: serve, models, infer, health."""
+"""The `shmserve` command: serve, models, stats, status, health, infer, bench."""
 from __future__ import annotations
 
 import argparse
@@ -55,16 +55,59 @@ def metrics_options(args) -> dict:
             "metrics_config": config, "metrics_interval_ms": args.metrics_interval_ms}
 
 
+def _log_format(text: str) -> str:
+    from .logs import parse_format
+
+    try:
+        return parse_format(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _log_level(text: str) -> str:
+    from .logs import parse_level
+
+    try:
+        return parse_level(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _verbosity(text: str) -> int:
+    try:
+        level = int(text)
+    except ValueError:
+        level = -1
+    if level < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a verbose level (0 off, 1 or more on)")
+    return level
+
+
+def trace_options(args) -> dict:
+    """--trace-config as the ServeOptions field (Triton's settings; tracing.py)."""
+    from .errors import ConfigError
+    from .server.tracing import parse_trace_config
+
+    try:
+        return {"trace": parse_trace_config(args.trace_config)}
+    except ConfigError as e:
+        raise SystemExit(f"shmserve serve: {e}") from None
+
+
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
-    return run(ServeOptions(**metrics_options(args),model_repository=args.model_repository, name=args.name,
+    return run(ServeOptions(**metrics_options(args), **trace_options(args),
+                            model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
                             exit_timeout_s=args.exit_timeout_secs,
-                            log_level=args.log_level.upper(), group=args.group,
+                            log_level=args.log_level, log_verbose=args.log_verbose,
+                            log_info=args.log_info, log_warning=args.log_warning,
+                            log_error=args.log_error, log_format=args.log_format,
+                            log_file=args.log_file, group=args.group,
                             exit_on_error=args.exit_on_error,
                             auto_complete_config=not (args.disable_auto_complete_config
                                                       or args.strict_model_config)))
@@ -151,6 +194,12 @@ def cmd_stats(args) -> int:
     return 0
 
 
+def cmd_trace_summary(args) -> int:
+    from .server.trace_summary import main as summary
+
+    return summary(args.file)
+
+
 HEALTHY, UNHEALTHY, NO_SERVER = 0, 1, 2  # `shmserve health` exit codes
 
 
@@ -177,6 +226,26 @@ def _control_call(sock: socket.socket, request, deadline: float, name: str):
         raise _NoServer(f"server '{name}' sent a malformed reply ({e})") from None
 
 
+def _control_connect(name: str, timeout: float) -> socket.socket:
+    """A bare connection to server `name`'s control socket (no hello: no lease);
+    _NoServer, saying why, when nothing accepts it within `timeout` seconds."""
+    from .segments import socket_path
+
+    path = str(socket_path(name, create=False))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(max(timeout, 1e-3))
+        sock.connect(path)
+    except socket.timeout:
+        sock.close()
+        raise _NoServer(f"server '{name}' did not accept a connection within "
+                        f"{timeout:g} s") from None
+    except OSError as e:
+        sock.close()
+        raise _NoServer(f"no server '{name}' ({path}: {e.strerror or e})") from None
+    return sock
+
+
 def check_health(name: str, ready: bool = False, model: str | None = None,
                  version: int | None = None, timeout: float = 5.0) -> tuple[int, str]:
     """(exit code, why) of Triton's health checks against server `name`: live = its
@@ -185,27 +254,20 @@ def check_health(name: str, ready: bool = False, model: str | None = None,
     opened and no arena made; the whole check takes at most `timeout` seconds."""
     from . import protocol as P
     from .client.request import version_key
-    from .segments import socket_path
 
     deadline = time.monotonic() + timeout
-    path = str(socket_path(name, create=False))
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:
-            sock.settimeout(max(timeout, 1e-3))
-            sock.connect(path)
-        except socket.timeout:
-            return NO_SERVER, f"server '{name}' did not accept a connection within {timeout:g} s"
-        except OSError as e:
-            return NO_SERVER, f"no server '{name}' ({path}: {e.strerror or e})"
-        try:
-            if model is None:
-                reply = _control_call(sock, P.ListModels(), deadline, name)
-            else:
-                reply = _control_call(sock, P.GetMetadata(model, version_key(version)),
-                                      deadline, name)
-        except _NoServer as e:
-            return NO_SERVER, str(e)
+        sock = _control_connect(name, timeout)
+    except _NoServer as e:
+        return NO_SERVER, str(e)
+    try:
+        if model is None:
+            reply = _control_call(sock, P.ListModels(), deadline, name)
+        else:
+            reply = _control_call(sock, P.GetMetadata(model, version_key(version)),
+                                  deadline, name)
+    except _NoServer as e:
+        return NO_SERVER, str(e)
     finally:
         sock.close()
     if isinstance(reply, P.ErrorReply):
@@ -222,6 +284,16 @@ def check_health(name: str, ready: bool = False, model: str | None = None,
     more = f" (and {len(down) - 1} more not ready)" if len(down) > 1 else ""
     return UNHEALTHY, (f"not ready: model '{first['name']}' version {first['version']} is "
                        f"{first['state']}{more}")
+
+
+def cmd_status(args) -> int:
+    from .status import run
+
+    if not args.interval > 0:
+        print(f"shmserve status: --interval must be a positive number of seconds, not "
+              f"{args.interval:g}", file=sys.stderr)
+        return 1
+    return run(args.name, interval=args.interval, once=args.once, timeout=args.timeout)
 
 
 def cmd_health(args) -> int:
@@ -337,9 +409,29 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
                    help="as Triton: summary_latencies=true, summary_quantiles=0.5:0.05,..., "
                         "counter_latencies=false, histogram_latencies=true")
+    s.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                   help="request traces, as Triton: level=TIMESTAMPS (default OFF), rate=N "
+                        "(one request in N, default 1000), count=N (-1: no limit), "
+                        "mode=triton|opentelemetry, triton,file=PATH, triton,log-frequency=N, "
+                        "opentelemetry,url=URL (docs/operating.md, Traces)")
     s.add_argument("--load-timeout", type=float, default=120.0,
                    help="seconds a model instance may take to load before it is UNAVAILABLE")
-    s.add_argument("--log-level", default="info")
+    s.add_argument("--log-verbose", type=_verbosity, default=0, metavar="N",
+                   help="verbose logging: 0 off (default), 1 or more on (Triton's option)")
+    for severity in ("info", "warning", "error"):
+        s.add_argument(f"--log-{severity}", type=_bool, default=True, nargs="?", const=True,
+                       metavar="BOOL", help=f"{severity} lines on or off (default true)")
+    s.add_argument("--log-format", type=_log_format, default="default",
+                   metavar="default|ISO8601",
+                   help="line format: default 'I1203 15:06:14.123456 PID ROLE/FILE:LINE] msg' "
+                        "or ISO8601 '2026-12-03T15:06:14Z I PID ROLE/FILE:LINE] msg' (UTC)")
+    s.add_argument("--log-file", default=None, metavar="PATH",
+                   help="append every process's log lines to this file (created 0600) "
+                        "instead of stderr")
+    s.add_argument("--log-level", type=_log_level, default="info",
+                   metavar="debug|info|warning|error",
+                   help="older shorthand: debug = --log-verbose 1, warning = --log-info=false, "
+                        "error = also --log-warning=false")
     s.add_argument("--exit-on-error", type=_bool, default=True, nargs="?", const=True,
                    metavar="BOOL",
                    help="a model that cannot be loaded (broken config.pbtxt, missing model "
@@ -370,6 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="print the JSON response")
     st.set_defaults(fn=cmd_stats)
 
+    ts = sub.add_parser("trace-summary", help="summarize trace files of --trace-config "
+                        "(what Triton's trace_summary.py prints)")
+    ts.add_argument("file", nargs="+", help="trace file(s) in Triton's JSON")
+    ts.set_defaults(fn=cmd_trace_summary)
+
     h = sub.add_parser(
         "health", help="is the server live (or ready)? exit 0 yes, 1 not ready, 2 no server",
         description="Triton's health checks, for probes and scripts: live = the server "
@@ -388,6 +485,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds the whole check may take (default 5)")
     h.add_argument("--quiet", "-q", action="store_true", help="print nothing when healthy")
     h.set_defaults(fn=cmd_health)
+
+    sv = sub.add_parser(
+        "status", help="a live view of the server: models, rates, latencies, clients",
+        description="Refreshes every --interval seconds: the server (uptime, ring depth, "
+                    "clients, batcher, restarts, wake-ups), one row per model version "
+                    "(state, instances busy, pending requests, inferences and requests per "
+                    "second, p50/p99 request latency and mean queue and compute time over "
+                    "the last interval, failures by reason) and one per client (slots in "
+                    "use, bytes in flight, arena). Opens no lease. --once prints one frame "
+                    "(rates over two samples --interval apart) and exits: 0, or 2 when no "
+                    "server answers, as `shmserve health`.")
+    sv.add_argument("--name", default=DEFAULT_NAME)
+    sv.add_argument("--interval", type=float, default=1.0, metavar="S",
+                    help="seconds between refreshes (default 1)")
+    sv.add_argument("--once", action="store_true",
+                    help="print one frame and exit (for scripts)")
+    sv.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds the server has to answer each refresh (default 5)")
+    sv.set_defaults(fn=cmd_status)
 
     i = sub.add_parser("infer", help="send one request and print outputs and latency")
     i.add_argument("model")

@@ -109,3 +109,51 @@ def test_request_rate_mode_and_a_dead_target(bench_server, tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert doc["results"][1]["error"]
     assert np.isfinite(doc["results"][0]["levels"][0]["summary"]["latency_us"]["p99"])
+
+
+@pytest.mark.timeout(120)
+def test_levels_cut_by_duration_report_cpu(bench_server, tmp_path):
+    """Issue 13: over several levels with --duration, a level cut to one window
+    reported client and server CPU as 0 (the CPU marks for the start of window 1
+    were taken at its end). A share of --duration too short for more than a window
+    or two per level; every level measured must give CPU figures over its windows,
+    the server's split by role, with the model's time taken out."""
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "shmserve.cli", "bench", "-m", "identity", "--name",
+           bench_server.name, "--shape", "INPUT0:256", "--concurrency-range", "1,2",
+           "-p", "500", "--warmup", "0.2", "--duration", "2", "--json", str(out), "-q"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=bench_server.env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "server CPU per request (1): coordinator" in r.stdout
+    levels = json.loads(out.read_text())["results"][0]["levels"]
+    assert levels and all(lv["windows"] for lv in levels)
+    for lv in levels:
+        if len(lv["windows"]) < 3:
+            assert "time bound" in lv["note"] and "stable result needs 3" in lv["note"]
+        assert lv["client_cpu_pct"] > 0 and lv["client_cpu_us_per_request"] > 0
+        assert lv["server_cpu_pct"] > 0 and lv["server_cpu_us_per_request"] > 0
+        roles = lv["server_cpu_us_by_role"]
+        assert {"coordinator", "batcher", "workers"} <= set(roles)
+        assert all(v >= 0 for v in roles.values())
+        assert sum(roles.values()) == pytest.approx(lv["server_cpu_us_per_request"])
+        assert lv["model_us_per_request"] > 0  # identity's execute took some time
+        assert lv["server_overhead_us_per_request"] == pytest.approx(
+            lv["server_cpu_us_per_request"] - lv["model_us_per_request"])
+
+
+@pytest.mark.timeout(120)
+def test_one_window_level_cpu_covers_that_window(bench_server):
+    """The same, without --duration: a level of a single window (-r 1), through the
+    library; the client processes report the end of the warm-up, where window 1's
+    client CPU starts."""
+    cfg = BenchConfig(model="identity", url=f"shm://{bench_server.name}",
+                      shapes={"INPUT0": [16]}, concurrency=[1, 3], processes=2,
+                      measurement_interval_s=0.5, warmup_s=0.2, max_trials=1,
+                      target_options={"socket_path": str(bench_server.socket_path)})
+    (tr,) = run_benchmark(cfg)
+    assert tr.error is None and len(tr.levels) == 2
+    for lv in tr.levels:
+        assert len(lv.windows) == 1 and lv.summary["n"] > 0
+        assert lv.client_cpu_pct > 0 and lv.client_cpu_us_per_request > 0
+        assert lv.server_cpu_pct > 0 and lv.server_cpu_us_per_request > 0
+        assert lv.server_cpu_us_by_role["workers"] > 0

@@ -27,7 +27,7 @@ def with_two_broken(repo):
 
 
 BAD_PBTXT = re.compile(r"bad_pbtxt/config\.pbtxt:3:\d+")
-NO_FILE = re.compile(r"no_file/config\.pbtxt: no version directory holds model\.py")
+NO_FILE = re.compile(r"no_file/1/model\.py: missing \(the model file of version 1")
 
 
 def test_default_exit_on_error_names_every_broken_model(server_factory):
@@ -89,7 +89,8 @@ def test_scan_repository_reports_each_problem(tmp_path):
     with_two_broken(tmp_path)
     specs, problems = scan_repository(tmp_path)
     assert [s.name for s in specs] == ["good"]
-    assert [(p.name, p.version) for p in problems] == [("bad_pbtxt", None), ("no_file", None)]
+    # the version without its model file is the problem, as Triton fails that version
+    assert [(p.name, p.version) for p in problems] == [("bad_pbtxt", None), ("no_file", 1)]
     with pytest.raises(ConfigError) as e:
         load_repository(tmp_path)
     assert BAD_PBTXT.search(e.value.msg) and NO_FILE.search(e.value.msg), e.value.msg

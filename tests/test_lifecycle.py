@@ -576,3 +576,33 @@ def test_stop_signal_while_a_model_loads_cleans_up(server_factory):
     assert server.stop(signal.SIGTERM) == 0
     assert helpers.shm_entries(prefix) == [] and server.members() == []
     assert "while starting: stopping" in server.log(), server.log()
+
+
+FINALIZER_CODE = '''
+import os
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.mark = os.path.join(args["model_repository"], "finalized")
+
+    def execute(self, inputs):
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    def finalize(self):
+        with open(self.mark, "w") as f:
+            f.write("done")
+'''
+
+
+def test_stop_runs_the_models_finalize(server_factory, tmp_path):
+    """The coordinator's stop lets each worker leave its loop and call finalize(), as
+    Triton's unload does (SIGTERM no longer kills a worker mid-way)."""
+    server = server_factory(setup=lambda repo: write_model(
+        repo, "finalizer", python_config("finalizer", "FP32", (-1,)), FINALIZER_CODE))
+    c = server.client(arena_bytes=1 << 20)
+    c.infer("finalizer", [np.ones((1, 4), np.float32)])
+    mark = server.repo / "finalizer" / "finalized"
+    assert not mark.exists()
+    assert server.stop(signal.SIGTERM) == 0
+    assert mark.read_text() == "done"

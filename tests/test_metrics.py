@@ -223,3 +223,43 @@ def test_models_command_full_state_and_failures(server_factory):
     assert int(raiser["success"]) == N_OK == stats["raiser"]["inference_stats"]["success"]["count"]
     assert int(raiser["failure"]) == N_FAIL == stats["raiser"]["inference_stats"]["fail"]["count"]
     assert int(raiser["executions"]) == stats["raiser"]["execution_count"]
+
+
+def test_gpu_families_from_nvml_readings():
+    """Per-GPU gauges from NVML's readings (a stand-in for pynvml: no GPU here), in
+    Triton's names, labelled gpu_uuid; energy counted from the server's start."""
+    import types
+
+    from shmserve.server import metrics
+
+    energy = {"mj": 5_000_000}
+
+    class Util:
+        gpu = 37
+
+    class Mem:
+        total, used = 80 << 30, 12 << 30
+
+    nvml = types.SimpleNamespace(
+        NVMLError=RuntimeError, nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=lambda h: b"GPU-abc",
+        nvmlDeviceGetMemoryInfo=lambda h: Mem, nvmlDeviceGetUtilizationRates=lambda h: Util,
+        nvmlDeviceGetPowerUsage=lambda h: 250_000, nvmlDeviceGetPowerManagementLimit=lambda h: 700_000,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: energy["mj"])
+    start: dict = {}
+    metrics._gpu_readings(nvml, start)
+    energy["mj"] += 3_000
+    sampler = types.SimpleNamespace(cpu={}, gpus=metrics._gpu_readings(nvml, start),
+                                    config={"summary_latencies": False})
+    collector = metrics.StatsCollector(lambda histograms: None, sampler)
+    got = {m.name: m for m in collector.machine()}
+    assert set(got) == set(metrics._GPU_FAMILIES)
+    value = {name: m.samples[0].value for name, m in got.items()}
+    assert all(m.samples[0].labels == {"gpu_uuid": "GPU-abc"} for m in got.values())
+    assert value["nv_gpu_utilization"] == 0.37
+    assert value["nv_gpu_memory_used_bytes"] == 12 << 30
+    assert value["nv_gpu_power_usage"] == 250.0 and value["nv_gpu_power_limit"] == 700.0
+    assert value["nv_energy_consumption"] == 3.0  # joules since the first reading
+    assert got["nv_energy_consumption"].type == "counter"
+    text = metrics.exposition(types.SimpleNamespace(collect=lambda: got.values())).decode()
+    assert 'nv_gpu_utilization{gpu_uuid="GPU-abc"} 0.37\n' in text

@@ -32,19 +32,18 @@ def test_fields_that_change_results_are_refused(tmp_path, extra, named):
     assert "config.pbtxt" in str(e.value) and "not implemented" in str(e.value)
 
 
-def test_tensor_reshape_is_refused(tmp_path):
+def test_ragged_batch_input_is_refused(tmp_path):
     config = python_config("m", "FP32", (4,)).replace(
-        "dims: [ 4 ] }", "dims: [ 4 ] reshape: { shape: [ 2, 2 ] } }", 1)
+        "dims: [ 4 ] }", "dims: [ 4 ] allow_ragged_batch: true }", 1)
     write_model(tmp_path, "m", config, IDENTITY_CODE)
-    with pytest.raises(ConfigError, match="input 'INPUT0' reshape"):
+    with pytest.raises(ConfigError, match="input 'INPUT0' allow_ragged_batch"):
         load_model(tmp_path / "m")
 
 
 @pytest.mark.parametrize("extra, named", [
-    ('model_warmup [ { name: "w" batch_size: 1 inputs { key: "INPUT0" value: '
-     '{ data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]', "model_warmup"),
     ("response_cache { enable: true }", "response_cache"),
-    ("optimization { priority: PRIORITY_MAX }", "optimization"),
+    ("optimization { priority: PRIORITY_MAX }", "optimization priority"),
+    ("optimization { input_pinned_memory { enable: true } }", "optimization input_pinned_memory"),
 ])
 def test_fields_that_only_change_timing_are_warned_about(tmp_path, caplog, extra, named):
     with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
@@ -70,3 +69,15 @@ def test_an_implemented_config_loads_without_warnings(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
         load_model(model(tmp_path))
     assert not caplog.records, caplog.text
+
+
+def test_onnxruntime_optimizations_are_warned_about_for_other_backends(tmp_path, caplog):
+    """graph level and execution accelerators are the onnxruntime backend's: a python
+    model that sets them hears that they are ignored, by name."""
+    extra = ('optimization { graph { level: 1 } execution_accelerators { '
+             'cpu_execution_accelerator [ { name: "openvino" } ] } }')
+    with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
+        load_model(model(tmp_path, extra))
+    for named in ("optimization graph", "optimization execution_accelerators"):
+        assert any(named in r.getMessage() and "python backend" in r.getMessage()
+                   for r in caplog.records), caplog.text

@@ -10,7 +10,8 @@ The library behind `shmserve bench`. In short:
 Modules: harness (a server started for tests, benchmarks and the soak), stats (percentiles, windows, stability), schedule (send times of the
 request-rate mode), inputs (request data), load (the client processes), targets
 (shmserve and KServe v2 endpoints), runner (the sweep and the stability loop),
-report (table, CSV, JSON), plot (PNG charts, matplotlib).
+cost (CPU per request by server process role), contention (busy processes),
+proctree (the process table), report (table, CSV, JSON), plot (PNG charts, matplotlib).
 """
 __all__ = ["BenchConfig", "LevelResult", "TargetResult", "run_benchmark"]
 

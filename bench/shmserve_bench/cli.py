@@ -58,7 +58,8 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--warmup", type=float, default=1.0, metavar="SECONDS",
                    help="load before the first window, not measured")
     b.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                   help="upper bound on the whole run")
+                   help="upper bound on the whole run: each level gets an equal share of "
+                        "what is left, its start-up and warm-up included")
     b.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
     b.add_argument("--arena-bytes", type=int, default=None, help="shmserve client arena size")
     b.add_argument("--server-pid", type=int, default=None,

@@ -13,8 +13,9 @@ the same in every process). It runs one of two loops:
   is measured from its intended time.
 
 Records (stats.N_COLS int64 columns: intended, sent, end, ok, 8 slot stamps) go
-to the parent at every window boundary t0 + warmup + k * window, with the
-worker's CPU time; the parent answers "stop" when it has seen enough.
+to the parent at every window boundary t0 + warmup + k * window (k = 0, 1, ...:
+boundary 0 ends the warm-up), with the worker's CPU time; the parent answers
+"stop" when it has seen enough.
 """
 from __future__ import annotations
 
@@ -94,7 +95,9 @@ class _Worker:
             return
         _, self.t0, warmup_ns, self.window = msg
         self.w0 = self.t0 + warmup_ns
-        self.next_boundary = self.w0 + self.window
+        # boundary 0 (the end of the warm-up) is reported too: its CPU time is where
+        # window 1's client CPU starts
+        self.next_boundary = self.w0
         self.next_poll = 0
         while now_ns() < self.t0:
             time.sleep(max(0.0, (self.t0 - now_ns()) / 1e9 - 0.0005))
@@ -262,7 +265,7 @@ class LoadGroup:
             self.procs.append(p)
             self.conns.append(parent)
         self.pool = S.empty_records()
-        self.reported = [0] * len(specs)  # highest boundary each worker has reported
+        self.reported = [-1] * len(specs)  # highest boundary each worker has reported
         self.cpu = [[] for _ in specs]  # (boundary, process_time, at) per worker
         self.final = [False] * len(specs)
         self.closed = False
@@ -315,7 +318,8 @@ class LoadGroup:
 
     def window(self, k: int, timeout_s: float):
         """Records that completed in window k (1-based: [w0 + (k-1) P, w0 + k P)),
-        once every worker has passed its end; None on timeout."""
+        once every worker has passed its end; None on timeout. k = 0: the warm-up's
+        last stretch, returned once every worker has reported the end of the warm-up."""
         deadline = time.monotonic() + timeout_s
         while min(self.reported) < k:
             waiting = [c for w, c in enumerate(self.conns) if self.reported[w] < k]
@@ -335,7 +339,7 @@ class LoadGroup:
     def cpu_seconds(self, k0: int, k1: int) -> float | None:
         """CPU time all workers used between boundaries k0 and k1 (as they reported
         them: each worker's CPU time when it sent its first message at or after the
-        boundary)."""
+        boundary; window k lies between boundaries k - 1 and k)."""
         total = 0.0
         for marks in self.cpu:
             a = next((c for b, c, _ in marks if b >= k0), None)

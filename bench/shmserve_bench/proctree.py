@@ -1,5 +1,6 @@
-"""The process table from /proc, in one place: the benchmark's server-CPU figure,
-the soak runner and the tests all look at a server's process tree through it."""
+"""The process table from /proc, in one place: the benchmark's server-CPU figures
+(cost.py), the soak runner and the tests all look at a server's process tree
+through it."""
 from __future__ import annotations
 
 import dataclasses
@@ -53,6 +54,16 @@ def descendants(pid: int, table: dict[int, Proc] | None = None) -> set[int]:
                 found.add(p.pid)
                 frontier.append(p.pid)
     return found
+
+
+def cmdline(pid: int) -> list[str]:
+    """A process's argv ([] if it is gone or a kernel thread)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
 
 
 def open_memfds(pid: int, label: str) -> list[str]:

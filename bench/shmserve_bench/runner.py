@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import cost as C
 from . import inputs as I
 from . import stats as S
 from .load import LoadGroup, WorkerError
 from .targets import label as target_label
-from .targets import open_target, process_cpu_s
+from .targets import open_target
 
 
 @dataclass
@@ -70,8 +71,12 @@ class LevelResult:
     measured_s: float
     processes: int
     client_cpu_pct: float | None = None
+    client_cpu_us_per_request: float | None = None
     server_cpu_pct: float | None = None
-    server_cpu_us_per_request: float | None = None
+    server_cpu_us_per_request: float | None = None     # the whole server tree, model included
+    server_cpu_us_by_role: dict | None = None          # role -> us/request (cost.py)
+    model_us_per_request: float | None = None          # the model's execution time
+    server_overhead_us_per_request: float | None = None  # server CPU less the model's time
     machine_busy_pct: float | None = None
     errors_total: dict = field(default_factory=dict)   # message -> count, whole level
     requests_total: int = 0
@@ -120,14 +125,19 @@ def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def _stats_of(client, model: str) -> dict | None:
+def model_row(client, model: str) -> dict | None:
+    """The model's statistics row (its newest version), None if unavailable."""
     try:
         rows = client.statistics(model)
     except Exception:  # noqa: BLE001 - statistics are a bonus
         return None
-    if not rows:
+    return max(rows, key=lambda r: int(r.get("version", 0))) if rows else None
+
+
+def _stats_of(client, model: str) -> dict | None:
+    row = model_row(client, model)
+    if row is None:
         return None
-    row = max(rows, key=lambda r: int(r.get("version", 0)))
     counts = row["inference_stats"]
     return {"request_success": counts["success"]["count"],
             "request_failure": counts["fail"]["count"],
@@ -146,7 +156,7 @@ def _stats_delta(a: dict | None, b: dict | None) -> dict | None:
 
 
 def run_level(cfg: BenchConfig, url: str, mode: str, value, data_sets: list[dict],
-              budget_s: float | None, server_pid: int | None, tag: str) -> LevelResult:
+              budget_s: float | None, sampler: C.ServerSampler, tag: str) -> LevelResult:
     """One load level against one target."""
     if mode == "concurrency":
         shares = _split(int(value), cfg.processes)
@@ -161,27 +171,26 @@ def run_level(cfg: BenchConfig, url: str, mode: str, value, data_sets: list[dict
     window_s = cfg.measurement_interval_s
     started = time.monotonic()
     key = S.pkey(cfg.percentile) if cfg.percentile is not None else "mean"
-    windows, per_window, server_cpu, ticks = [], [], [], []
+    windows, per_window, samples, ticks = [], [], [], []
     stable, note = False, ""
     group = LoadGroup(specs)
     try:
         group.start(cfg.warmup_s, window_s)
-        server_cpu.append(process_cpu_s(server_pid) if server_pid else None)
-        ticks.append(machine_ticks())
-        marks = [time.monotonic()]
+        # Server and machine CPU are sampled as soon as every client process has
+        # reported a window boundary (boundary 0: the end of the warm-up), where the
+        # clients take theirs: every CPU figure covers the windows it is given for.
         k = 0
         while True:
-            k += 1
             recs = group.window(k, window_s + cfg.warmup_s + cfg.timeout_s + 10)
             if recs is None:
-                note = f"no window completed within {cfg.timeout_s + 10:.0f} s of its end"
+                what = f"window {k}" if k else "the warm-up"
+                note = f"{what} did not complete within {cfg.timeout_s + 10:.0f} s of its end"
                 break
-            if k == 1:  # the warm-up ends where window 1 starts: CPU from here
-                server_cpu[0] = process_cpu_s(server_pid) if server_pid else None
-                ticks[0] = machine_ticks()
-            server_cpu.append(process_cpu_s(server_pid) if server_pid else None)
+            samples.append(sampler.sample())
             ticks.append(machine_ticks())
-            marks.append(time.monotonic())
+            if k == 0:
+                k = 1
+                continue
             w = S.summarize(recs, window_s)
             windows.append(w)
             per_window.append(recs)
@@ -193,7 +202,12 @@ def run_level(cfg: BenchConfig, url: str, mode: str, value, data_sets: list[dict
                 break
             if budget_s is not None and time.monotonic() - started + window_s > budget_s:
                 note = f"stopped by the time bound after {k} window(s)"
+                if k < cfg.stability_windows:
+                    note += (f" (a stable result needs {cfg.stability_windows}; this level's "
+                             f"share of --duration was {budget_s:.1f} s, of which start-up and "
+                             f"warm-up took {(group.w0 / 1e9) - started:.1f} s)")
                 break
+            k += 1
     finally:
         group.stop(cfg.timeout_s + 10)
     used = windows[-cfg.stability_windows:]
@@ -209,14 +223,18 @@ def run_level(cfg: BenchConfig, url: str, mode: str, value, data_sets: list[dict
                       latencies_us=S.latency_ns(ok) / 1000.0)
     if used:
         c = group.cpu_seconds(first - 1, len(windows))
+        sent = summary["n"] + summary["errors"]
         if c is not None:
             res.client_cpu_pct = 100.0 * c / seconds
-        a, b = server_cpu[first - 1], server_cpu[len(windows)]
-        elapsed = marks[len(windows)] - marks[first - 1]
-        if a is not None and b is not None and elapsed > 0:
-            res.server_cpu_pct = 100.0 * (b - a) / elapsed
-            if summary["n"]:
-                res.server_cpu_us_per_request = 1e6 * (b - a) / (summary["throughput"] * elapsed)
+            if sent:
+                res.client_cpu_us_per_request = 1e6 * c / sent
+        srv = C.server_cost(samples[first - 1], samples[len(windows)], requests=sent)
+        if srv is not None:
+            res.server_cpu_pct = srv["cpu_pct"]
+            res.server_cpu_us_per_request = srv["total_us"]
+            res.server_cpu_us_by_role = srv["us_per_request"]
+            res.model_us_per_request = srv["model_us"]
+            res.server_overhead_us_per_request = srv["overhead_us"]
         (t0, i0), (t1, i1) = ticks[first - 1], ticks[len(windows)]
         if t1 > t0:
             res.machine_busy_pct = 100.0 * ((t1 - t0) - (i1 - i0)) / (t1 - t0) * (os.cpu_count() or 1)
@@ -240,6 +258,9 @@ def run_target(cfg: BenchConfig, url: str, deadline: float | None, levels_left: 
         data_sets = I.load(meta, cfg.input_data, cfg.shapes, cfg.batch_size, cfg.seed)
         server_pid = probe.server_pid() or cfg.server_pid
         client = getattr(probe, "client", None) if url_scheme(url) == "shm" else None
+        stats = (lambda: model_row(client, cfg.model)) if client is not None else None
+        # shmserve's roles are told apart; a KServe server's tree is one "server"
+        sampler = C.ServerSampler(server_pid, stats, by_role=client is not None)
         for mode, value in cfg.levels():
             budget = None
             if deadline is not None:
@@ -251,7 +272,7 @@ def run_target(cfg: BenchConfig, url: str, deadline: float | None, levels_left: 
             levels_left -= 1
             _say(cfg, f"[{tr.label}] model {cfg.model}: {mode} {value:g}")
             before = _stats_of(client, cfg.model) if client and cfg.collect_server_stats else None
-            lv = run_level(cfg, url, mode, value, data_sets, budget, server_pid, tr.label)
+            lv = run_level(cfg, url, mode, value, data_sets, budget, sampler, tr.label)
             if client is not None and cfg.collect_server_stats:
                 lv.server_stats = _stats_delta(before, _stats_of(client, cfg.model))
             tr.levels.append(lv)

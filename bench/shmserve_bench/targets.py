@@ -11,9 +11,6 @@ A target is opened inside each client process. Its interface:
 """
 from __future__ import annotations
 
-import os
-
-from . import proctree
 from .failures import error_text
 from shmserve import protocol as P
 
@@ -96,12 +93,3 @@ class ShmTarget:
     def close(self) -> None:
         self.client.close()
 
-
-def process_cpu_s(pid: int) -> float | None:
-    """CPU seconds (user + system) of a process and all its descendants, from /proc;
-    None if it cannot be read."""
-    table = proctree.processes()
-    if pid not in table:
-        return None
-    ticks = sum(table[p].cpu_ticks for p in proctree.descendants(pid, table) if p in table)
-    return ticks / os.sysconf("SC_CLK_TCK")

@@ -1,40 +1,200 @@
-"""Python backend: a model.py defining a class (TritonPythonModel or Model) with
-`initialize(args)`, `execute(inputs) -> outputs` on a whole batch of numpy arrays,
-and `finalize()`. The model's code runs with the server's rights: see
-docs/architecture.md, "Trust boundary"."""
+"""Python backend: a model.py defining a class TritonPythonModel (or Model) with
+`initialize(args)`, `execute(...)` and `finalize()`, in one of two APIs:
+
+- Triton's python model API (`import triton_python_backend_utils as pb_utils`,
+  shmserve/pb_utils/): execute(requests) receives the requests of a dynamic batch as a
+  list of pb_utils.InferenceRequest, whose input tensors view the callers' shared
+  memory, and returns one pb_utils.InferenceResponse per request (its outputs, or its
+  error); `async def execute` is awaited; BLS requests go through the server.
+- the numpy-dict API: execute(inputs) receives the whole batch as {name: array}
+  (requests concatenated along the batch dimension) and returns {name: array}. The
+  fast path: no per-request objects.
+
+The rule: a model whose model.py (or what it imports while loading) imports
+triton_python_backend_utils uses Triton's API, any other the numpy-dict API. The
+config parameter `shmserve.python_api` ("triton" or "numpy") overrides it, e.g. for a
+numpy-dict model that uses pb_utils.Logger.
+
+The model's code runs with the server's rights: see docs/architecture.md, "Trust
+boundary".
+"""
 from __future__ import annotations
 
+import asyncio
+import importlib.abc
 import importlib.util
-import json
+import inspect
+import os
 import sys
 
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from .. import pb_utils
 from ..errors import ConfigError
+from ..pb_utils import bls, logger
+from ..pb_utils.config import config_json
+from ..pb_utils.errors import status_of
+from ..pb_utils.messages import incoming
+from ..pb_utils.tensor import wrap
+from ..protocol import Status
+from . import Instance
+
+API_PARAMETER = "shmserve.python_api"
+TRITON_API, NUMPY_API = "triton", "numpy"
+
+_Tensor, _InferenceResponse = pb_utils.Tensor, pb_utils.InferenceResponse
+
+
+class _PbUtilsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Answers `import triton_python_backend_utils` with shmserve.pb_utils, and counts
+    the imports that reached it (the first of a process does; later ones are cached)."""
+
+    imports = 0
+
+    def find_spec(self, name, path=None, target=None):
+        if name != pb_utils.MODULE_NAME:
+            return None
+        self.imports += 1
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):
+        return pb_utils
+
+    def exec_module(self, module):
+        pass  # already executed as shmserve.pb_utils
+
+
+_finder = _PbUtilsFinder()
+
+
+def import_model(path: str, module_name: str):
+    """Executes model.py as module `module_name`. Returns (module, whether loading it
+    imported triton_python_backend_utils)."""
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    # Files next to model.py import as modules, as Triton's python stub allows (its
+    # version directory is on sys.path); a worker serves one model, so no two clash.
+    here = os.path.dirname(os.path.abspath(path))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    before = _finder.imports
+    loader = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[module_name] = module
+    loader.loader.exec_module(module)
+    return module, _finder.imports > before
+
+
+def model_class(module, path: str):
+    cls = getattr(module, "TritonPythonModel", None) or getattr(module, "Model", None)
+    if cls is None:
+        raise ConfigError(f"{path}: defines neither TritonPythonModel nor Model")
+    return cls
 
 
 class Backend:
-    def __init__(self, spec):
-        name = f"shmserve_model_{spec.name}_{spec.version}"
-        loader = importlib.util.spec_from_file_location(name, spec.path)
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[name] = module
-        loader.loader.exec_module(module)
-        cls = getattr(module, "TritonPythonModel", None) or getattr(module, "Model", None)
-        if cls is None:
-            raise ConfigError(f"{spec.path}: defines neither TritonPythonModel nor Model")
+    def __init__(self, spec, instance: Instance):
+        self.spec = spec
+        module, imported_pb_utils = import_model(spec.path, f"shmserve_model_{spec.name}_{spec.version}")
+        cls = model_class(module, spec.path)
+        api = spec.parameters.get(API_PARAMETER, TRITON_API if imported_pb_utils else NUMPY_API)
+        if api not in (TRITON_API, NUMPY_API):
+            raise ConfigError(f"model '{spec.name}': parameters \"{API_PARAMETER}\" must be "
+                              f"\"{TRITON_API}\" or \"{NUMPY_API}\", got {api!r}")
+        self.per_request = api == TRITON_API  # the worker calls execute_requests()
+        self._loop = None
+        bls.bind(spec.name, spec.instance_count, instance.server, instance.socket)  # lazy lease
+        logger.bind(f"model '{spec.name}' version {spec.version} instance {instance.index}")
         self.model = cls()
         if hasattr(self.model, "initialize"):
-            self.model.initialize({
-                "model_name": spec.name,
-                "model_version": str(spec.version),
-                "model_repository": spec.path.rsplit("/", 2)[0],
-                "model_config": json.dumps({"parameters": spec.parameters,
-                                            "max_batch_size": spec.max_batch_size}),
-                "parameters": dict(spec.parameters),
-            })
+            self.model.initialize(initialize_args(spec, instance))
+        if self.per_request and inspect.iscoroutinefunction(self.model.execute):
+            self._loop = asyncio.new_event_loop()  # one for the worker's life: BLS futures live on it
 
+    # -- the numpy-dict API: the whole batch at once -----------------------------------------
     def execute(self, inputs):
         return self.model.execute(inputs)
 
+    # -- Triton's API: a list of requests, a response each ------------------------------------
+    def execute_requests(self, requests: list[tuple[list, list]]) -> list:
+        """requests: per request, ([(input name, array view)], requested output names).
+        Returns per request {output name: array}, or (status, message) for an error."""
+        reqs = []
+        for inputs, requested in requests:  # loops, not comprehensions: fewer calls per request
+            reqs.append(incoming([wrap(n, a) for n, a in inputs], requested))
+        if self._loop is not None:
+            responses = self._loop.run_until_complete(self.model.execute(reqs))
+        else:
+            responses = self.model.execute(reqs)
+        if not isinstance(responses, (list, tuple)) or len(responses) != len(reqs):
+            what = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) \
+                else f"a {type(responses).__name__}"
+            msg = (f"model '{self.spec.name}': execute() returned {what} for {len(reqs)} "
+                   "requests; Triton's python API (the model imports triton_python_backend_utils"
+                   ") wants a list of one pb_utils.InferenceResponse per request")
+            if isinstance(responses, dict):
+                msg += (f" (a numpy-dict model sets parameters \"{API_PARAMETER}\" to "
+                        f"\"{NUMPY_API}\")")
+            return [(Status.INTERNAL, msg)] * len(reqs)
+        results = []
+        for response in responses:
+            if type(response) is _InferenceResponse and response._error is None:
+                outputs = {}
+                for t in response._outputs:
+                    if type(t) is not _Tensor:
+                        break
+                    outputs[t._name] = t._array
+                else:
+                    results.append(outputs)
+                    continue
+            results.append(self._refused(len(results), response))
+        return results
+
+    def _refused(self, i: int, response) -> tuple:
+        """(status, message) for the response to request i: its error, or why it is none."""
+        if type(response) is not _InferenceResponse:
+            return (Status.INTERNAL, f"model '{self.spec.name}': execute() returned "
+                    f"{type(response).__name__} for request {i}, not a pb_utils.InferenceResponse")
+        if response._error is not None:
+            return (status_of(response._error), response._error.message())
+        wrong = next(t for t in response._outputs if type(t) is not _Tensor)
+        return (Status.INTERNAL, f"model '{self.spec.name}': the response to request {i} holds "
+                f"a {type(wrong).__name__}, not a pb_utils.Tensor")
+
     def close(self):
-        if hasattr(self.model, "finalize"):
-            self.model.finalize()
+        try:
+            if hasattr(self.model, "finalize"):
+                self.model.finalize()
+        finally:
+            bls.close()
+            if self._loop is not None:
+                self._loop.close()
+
+
+def initialize_args(spec, instance: Instance) -> dict:
+    """initialize(args) as Triton gives it (every value a str), plus "parameters"
+    ({key: string_value}) that shmserve's numpy-dict models have always had."""
+    cfg = text_format.Parse(spec.config_text, mc.ModelConfig())
+    if not cfg.instance_group:  # as Triton completes it
+        cfg.instance_group.add(count=spec.instance_count)
+    for g, group in enumerate(cfg.instance_group):
+        group.name = group.name or f"{spec.name}_{g}"
+        group.count = group.count or 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_CPU
+    index = instance.index  # Triton names an instance <group name>_<index in its group>
+    for group in cfg.instance_group:
+        if index < group.count:
+            break
+        index -= group.count
+    return {
+        "model_config": config_json(cfg),
+        "model_instance_kind": "CPU",
+        "model_instance_name": f"{group.name}_{index}",
+        "model_instance_device_id": "0",
+        "model_repository": spec.path.rsplit("/", 2)[0],
+        "model_version": str(spec.version),
+        "model_name": spec.name,
+        "parameters": dict(spec.parameters),
+    }

@@ -362,6 +362,8 @@ typedef struct shms_model_entry {
   uint32_t n_inputs;
   uint32_t n_outputs;
   SHMS_ATOMIC(uint32_t) ready; /* 1 once every instance has loaded */
+  uint32_t optional_inputs;    /* bit k: input k may be left out (config `optional: true`) */
+  uint32_t reserved;
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
   shms_model_stats stats;
@@ -488,6 +490,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(model, shms_model_entry, name) F(model, shms_model_entry, version)                  \
   F(model, shms_model_entry, max_batch_size) F(model, shms_model_entry, n_inputs)       \
   F(model, shms_model_entry, n_outputs) F(model, shms_model_entry, ready)               \
+  F(model, shms_model_entry, optional_inputs)                                           \
   F(model, shms_model_entry, inputs) F(model, shms_model_entry, outputs)                \
   F(model, shms_model_entry, stats)                                                     \
   S(model_stats, shms_model_stats)                                                      \

@@ -52,16 +52,26 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
   if (r->n_inputs > SHMS_MAX_TENSORS || r->n_outputs > SHMS_MAX_TENSORS)
     SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR, "model '%s': request has %u inputs and %u outputs (limit %d)",
               model, r->n_inputs, r->n_outputs, SHMS_MAX_TENSORS);
-  if (r->n_inputs != m->n_inputs) {
-    uint32_t seen_mask = 0;
-    for (uint32_t i = 0; i < r->n_inputs; i++)
-      if (r->inputs[i].index < m->n_inputs) seen_mask |= 1u << r->inputs[i].index;
-    for (uint32_t k = 0; k < m->n_inputs; k++)
-      if (!(seen_mask & (1u << k)))
+  /* Every input not marked optional must be given; an optional one may be left out.
+   * An index out of range or given twice is left to the loop below, which names it. */
+  {
+    uint32_t seen_mask = 0, well_formed = 1;
+    for (uint32_t i = 0; i < r->n_inputs; i++) {
+      uint32_t index = r->inputs[i].index;
+      if (index >= m->n_inputs || (seen_mask & (1u << index))) well_formed = 0;
+      else seen_mask |= 1u << index;
+    }
+    for (uint32_t k = 0; well_formed && k < m->n_inputs; k++)
+      if (!(seen_mask & (1u << k)) && !(m->optional_inputs & (1u << k))) {
+        if (m->optional_inputs)
+          SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': missing input '%s' (it is not optional)",
+                    model, m->inputs[k].name);
         SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': missing input '%s' (expects %u inputs, got %u)",
                   model, m->inputs[k].name, m->n_inputs, r->n_inputs);
-    SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': expects %u inputs, got %u", model, m->n_inputs,
-              r->n_inputs);
+      }
+    if (batched && r->n_inputs == 0)
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request gives no input (each is optional, but "
+                "one is needed for the batch size)", model);
   }
   uint32_t seen = 0;
   int64_t rows = -1;

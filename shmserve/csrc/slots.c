@@ -276,15 +276,17 @@ static int parse_specs(PyObject *list, shms_tensor_spec *specs, uint32_t *n) {
   return 0;
 }
 
-/* write_model_entry(off, name, version, max_batch_size, inputs, outputs); inputs and
- * outputs are [(name, dtype, dims)], dims without the batch dimension. Not ready. */
+/* write_model_entry(off, name, version, max_batch_size, inputs, outputs[, optional]);
+ * inputs and outputs are [(name, dtype, dims)], dims without the batch dimension;
+ * optional: bit k set when input k may be left out of a request. Not ready. */
 static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
   unsigned long long off;
   const char *name;
   long long version;
-  unsigned int max_batch;
+  unsigned int max_batch, optional = 0;
   PyObject *inputs, *outputs;
-  if (!PyArg_ParseTuple(args, "KsLIOO", &off, &name, &version, &max_batch, &inputs, &outputs))
+  if (!PyArg_ParseTuple(args, "KsLIOO|I", &off, &name, &version, &max_batch, &inputs, &outputs,
+                        &optional))
     return NULL;
   shms_model_entry *m = (shms_model_entry *)shms_py_at(self, off, sizeof *m, 8);
   if (!m) return NULL;
@@ -294,6 +296,7 @@ static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
   if (parse_specs(inputs, m->inputs, &m->n_inputs) < 0 ||
       parse_specs(outputs, m->outputs, &m->n_outputs) < 0)
     return NULL;
+  m->optional_inputs = optional & ((m->n_inputs < 32 ? 1u << m->n_inputs : 0u) - 1u);
   Py_RETURN_NONE;
 }
 

@@ -1,4 +1,5 @@
-"""Triton's auto-complete of a model configuration, for the onnxruntime backend.
+"""Triton's auto-complete of a model configuration, for the onnxruntime and python
+backends.
 
 An ONNX model needs no config.pbtxt, or one that leaves out `input`/`output`/
 `max_batch_size`: what is missing is read from the model file's graph, as Triton's
@@ -14,9 +15,24 @@ onnxruntime backend does (`--disable-auto-complete-config` turns it off):
 - a tensor the config names is checked against the graph: a name the graph lacks or
   a data type that disagrees is a ConfigError naming the file, the tensor and both
   values; a data type or dims the config leaves out is filled in.
+
+A python model needs no config.pbtxt either (its backend is known from
+`<version>/model.py`) when its TritonPythonModel has the static hook
+`auto_complete_config(auto_complete_model_config)`: it is called, as in Triton, with
+the config so far (shmserve.pb_utils.ModelConfig) and its setters' max_batch_size,
+inputs, outputs, dynamic batching and transaction policy are taken back. The hook
+runs in a process of its own (backends/python_autocomplete.py), only for a model.py
+that defines it (read with `ast`, not run).
 """
 from __future__ import annotations
 
+import ast
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -25,6 +41,8 @@ from ..errors import ConfigError
 
 DEFAULT_MAX_BATCH_SIZE = 4  # Triton's --backend-config=default-max-batch-size default
 ONNX_PLATFORM, ONNX_BACKEND, ONNX_FILE = "onnxruntime_onnx", "onnxruntime", "model.onnx"
+PYTHON_BACKEND, PYTHON_FILE = "python", "model.py"
+HOOK_TIMEOUT_S = 120.0  # a python auto_complete_config that runs longer fails the model
 
 # onnx.TensorProto.DataType name -> Triton DataType name (Triton's datatype table)
 _ONNX_TO_TRITON = {
@@ -66,11 +84,21 @@ def graph_tensors(model_path: str | Path) -> tuple[list[tuple[str, int, list[int
     return tensors(graph.input), tensors(graph.output)
 
 
+def find_model_file(model_dir: Path, file_name: str) -> Path | None:
+    """<highest version directory holding file_name>/file_name, if any."""
+    versions = sorted((int(p.name) for p in model_dir.iterdir()
+                       if p.is_dir() and p.name.isdigit() and (p / file_name).is_file()))
+    return model_dir / str(versions[-1]) / file_name if versions else None
+
+
 def find_onnx_model(model_dir: Path) -> Path | None:
     """The model file of the highest version directory holding model.onnx, if any."""
-    versions = sorted((int(p.name) for p in model_dir.iterdir()
-                       if p.is_dir() and p.name.isdigit() and (p / ONNX_FILE).is_file()))
-    return model_dir / str(versions[-1]) / ONNX_FILE if versions else None
+    return find_model_file(model_dir, ONNX_FILE)
+
+
+def find_python_model(model_dir: Path) -> Path | None:
+    """The model.py of the highest version directory holding one, if any."""
+    return find_model_file(model_dir, PYTHON_FILE)
 
 
 def _type_name(dtype: int) -> str:
@@ -141,3 +169,56 @@ def complete_onnx_config(cfg: mc.ModelConfig, model_path: Path, where: str,
                                   f"{_type_name(dtype)} in the ONNX graph {model_path}")
             if not t.dims:
                 t.dims.extend(dims[1:] if batched else dims)
+
+
+# -- python models: TritonPythonModel.auto_complete_config ---------------------------------
+def defines_auto_complete(model_py: Path) -> bool:
+    """Whether model.py's TritonPythonModel defines auto_complete_config (read, not
+    run; a file that does not parse is left to the worker, which reports it)."""
+    try:
+        tree = ast.parse(model_py.read_text(), str(model_py))
+    except (SyntaxError, ValueError, OSError):
+        return False
+    return any(isinstance(node, ast.ClassDef) and node.name == "TritonPythonModel"
+               and any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and f.name == "auto_complete_config" for f in node.body)
+               for node in tree.body)
+
+
+def complete_python_config(cfg: mc.ModelConfig, model_py: Path, where: str) -> None:
+    """Completes cfg (in place) with model_py's auto_complete_config hook, if it has
+    one. A hook that raises, returns something else or runs past HOOK_TIMEOUT_S is a
+    ConfigError naming the file and what went wrong."""
+    from ..logs import AppendHandler, LogOptions
+    from ..pb_utils.config import apply_auto_complete, config_dict
+
+    if not defines_auto_complete(model_py):
+        return
+    # the child logs as this process does (the server's handler holds its options)
+    log_options = next((h.opts for h in logging.getLogger().handlers
+                        if isinstance(h, AppendHandler)), LogOptions())
+    message = json.dumps({"config": config_dict(cfg), "log": log_options.as_dict()})
+    with tempfile.TemporaryDirectory(prefix="shmserve-autocomplete-") as tmp:
+        result_path = Path(tmp) / "config.json"
+        # the hook's prints and logs go to the server log (our stderr), never a pipe we read
+        proc = subprocess.Popen([sys.executable, "-m", "shmserve.backends.python_autocomplete",
+                                 str(model_py), str(result_path)],
+                                stdin=subprocess.PIPE, stdout=2, stderr=2, env=os.environ.copy())
+        try:
+            proc.communicate(message.encode(), timeout=HOOK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise ConfigError(f"{where}: {model_py} auto_complete_config did not return within "
+                              f"{HOOK_TIMEOUT_S:g} s") from None
+        try:
+            result = json.loads(result_path.read_text())
+        except (OSError, ValueError):
+            result = {"error": f"the process running it ended with status {proc.returncode} "
+                               "without a result (see the log above)"}
+    if "error" in result:
+        raise ConfigError(f"{where}: {model_py} auto_complete_config failed: {result['error']}")
+    try:
+        apply_auto_complete(cfg, result["config"], where)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

@@ -18,6 +18,7 @@ from .repository import ModelSpec
 from .scheduling import Pending, Rejection, Scheduler, make_scheduler
 
 L = LAYOUT
+log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_MS = 100  # an idle batcher checks its coordinator this often (--idle-check-ms)
 
 
@@ -162,8 +163,10 @@ class Batcher:
 
 def main() -> None:
     boot = child_setup("batcher")
-    logging.basicConfig(level=boot.get("log_level", "INFO"), format="[shmserve batcher] %(message)s")
     batcher = Batcher(boot)
+    log.debug("batcher serving: %d model%s, %d worker%s", len(batcher.models),
+              "s" * (len(batcher.models) != 1), batcher.maps.layout.n_workers,
+              "s" * (batcher.maps.layout.n_workers != 1))
     batcher.intake.recover()  # 0. requests a previous batcher held
     batcher.serve_forever()
 

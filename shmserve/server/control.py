@@ -58,7 +58,8 @@ class ControlPlane:
         srv.write_client_entry(entry, generation, peer_pid, peer_uid, alayout.segment_bytes, path)
         self.leases[client_id] = {"arena": arena, "pid": peer_pid, "uid": peer_uid,
                                   "layout": alayout}
-        log.info("lease %d opened for pid %d (%.1f MiB arena)", client_id, peer_pid, want / 2**20)
+        log.info("client connected: id %d, pid %d, uid %d (lease %d, %.1f MiB arena)", client_id,
+                 peer_pid, peer_uid, generation, want / 2**20)
         return P.HelloReply(
             client_id=client_id, generation=generation, control_bytes=self.control.size,
             arena_bytes=alayout.segment_bytes, slots_offset=alayout.slots_offset,
@@ -66,7 +67,7 @@ class ControlPlane:
             spin_us=self.opts.spin_us,
             models=[dataclasses.asdict(m) for m in self.model_list(broken=False)])
 
-    def close_lease(self, client_id: int) -> None:
+    def close_lease(self, client_id: int, reason: str) -> None:
         lease = self.leases.pop(client_id, None)
         if lease is None:
             return
@@ -78,7 +79,8 @@ class ControlPlane:
         lease["arena"].close()  # its memory goes when the last server mapping does
         # The head of the ring may hold a claim of this client: let the batcher look.
         self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
-        log.info("lease %d closed (pid %d)", client_id, lease["pid"])
+        log.info("client disconnected: id %d, pid %d, uid %d: %s", client_id, lease["pid"],
+                 lease["uid"], reason)
 
     # -- control-socket requests ------------------------------------------------
     def model_list(self, broken: bool = True) -> list[P.ModelMetadata]:
@@ -194,9 +196,11 @@ class ControlPlane:
             mb = self.layout.mailbox(child.boot["worker_index"])
             proc = child.proc
             pid = proc.pid if proc is not None and proc.poll() is None else None
-            state = ("RETIRED" if child.retired else "RESTARTING" if pid is None
+            loaded = self.model_state.get(model_id, "").startswith("READY")
+            state = ("RETIRED" if child.retired
+                     else ("RESTARTING" if loaded else "UNAVAILABLE") if pid is None
                      else "BUSY" if srv.load32(mb + L["mailbox.state"]) == P.MailboxState.ASSIGNED
-                     else "IDLE")
+                     else "IDLE" if loaded else "LOADING")
             rows.append({"instance": n, "pid": pid, "state": state, "restarts": child.restarts,
                          "executions": srv.load64(mb + L["mailbox.executions"]),
                          "wakeups": {w.name: srv.load64(mb + L["mailbox.wakeups"] + 8 * w)
@@ -237,6 +241,8 @@ class ControlPlane:
             writer.close()
             return
         self.connections.add(writer)
+        log.debug("control connection opened: pid %d, uid %d", pid, uid)
+        reason = "the client closed its connection or exited"
         try:
             while True:
                 try:
@@ -254,12 +260,20 @@ class ControlPlane:
                 else:
                     await send_with_fds(writer, P.pack_frame(reply), fds)
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        except asyncio.IncompleteReadError:
             pass
+        except ConnectionError as e:
+            reason = f"connection lost ({e})"
+        except asyncio.CancelledError:
+            reason = "the server stopped"
         finally:
+            if self.stopping:
+                reason = "the server stopped"
             self.connections.discard(writer)
             if lease["client_id"] is not None:
-                self.close_lease(lease["client_id"])
+                self.close_lease(lease["client_id"], reason)
+            else:
+                log.debug("control connection closed: pid %d, uid %d: %s", pid, uid, reason)
             writer.close()
 
 

@@ -16,11 +16,13 @@ import time
 
 from .. import protocol as P
 from ..errors import ConfigError, ShmServeError, ShmSpaceError
+from ..logs import LogOptions, setup as setup_logging
 from ..protocol import LAYOUT as L
 from ..segments import Segment, pid_alive, socket_path
 from .control import ControlPlane
 from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
-from .supervisor import Child, Supervisor
+from .supervisor import Child, Supervisor, describe_exit
+from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
                        resolve_group, share_with_group, unreachable_by_group,
@@ -47,11 +49,24 @@ class ServeOptions:
     metrics_address: str = "127.0.0.1"
     metrics_config: dict = dataclasses.field(default_factory=dict)  # --metrics-config k=v
     metrics_interval_ms: int = 2000  # CPU/GPU gauges and summary windows refresh this often
-    log_level: str = "INFO"
+    log_level: str = "info"  # older shorthand, folded into the Triton flags below
+    log_verbose: int = 0  # Triton's logging flags (shmserve/logs.py)
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"  # or "ISO8601"
+    log_file: str | None = None  # every process appends to it; None: stderr
     group: str | None = None  # let this group's members be clients (the socket becomes 0660)
     exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
     # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
     auto_complete_config: bool = True  # Triton's default; --disable-auto-complete-config
+    trace: TraceConfig | None = None  # --trace-config (tracing.py); None or level OFF: none
+
+    def log_options(self) -> LogOptions:
+        return LogOptions.with_level(
+            self.log_level, verbose=self.log_verbose, info=self.log_info,
+            warning=self.log_warning, error=self.log_error, format=self.log_format,
+            file=os.path.abspath(self.log_file) if self.log_file else None)
 
 
 class AlreadyRunningError(ShmServeError):
@@ -84,6 +99,8 @@ class Coordinator(ControlPlane, Supervisor):
         self.gid: int | None = None  # --group: its members may be clients too
         self.started_at = time.monotonic()
         self.ring_capacity = 0
+        self.stopping = False
+        self.traces = None  # tracing.TraceSink while --trace-config traces
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -140,7 +157,8 @@ class Coordinator(ControlPlane, Supervisor):
         self.server.ops.write_model_entry(
             self.layout.model(model_id), spec.name, spec.version, spec.max_batch_size,
             [(t.name, t.dtype, t.dims) for t in spec.inputs],
-            [(t.name, t.dtype, t.dims) for t in spec.outputs])
+            [(t.name, t.dtype, t.dims) for t in spec.outputs],
+            sum(1 << k for k, t in enumerate(spec.inputs) if t.optional))
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
@@ -151,15 +169,19 @@ class Coordinator(ControlPlane, Supervisor):
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
                 "idle_check_ms": self.opts.idle_check_ms,
                 "coordinator_pid": os.getpid(),
-                "log_level": self.opts.log_level, **extra}
+                "server_name": self.opts.name, "socket": str(self.sock_path),  # BLS clients
+                "log": self.opts.log_options().as_dict(), **extra}
 
     def plan_children(self) -> None:
-        worker_models = [m for m, s in enumerate(self.specs) for _ in range(s.instance_count)]
+        instances = [(m, i) for m, s in enumerate(self.specs) for i in range(s.instance_count)]
+        worker_models = [m for m, _ in instances]
         self.children.append(Child("batcher", self.boot_message(
             models=[s.to_dict() for s in self.specs], worker_models=worker_models)))
-        for index, model_id in enumerate(worker_models):
+        trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
+        for index, (model_id, instance) in enumerate(instances):
             self.children.append(Child("worker", self.boot_message(
-                worker_index=index, model_id=model_id, model=self.specs[model_id].to_dict())))
+                worker_index=index, model_id=model_id, instance=instance,
+                model=self.specs[model_id].to_dict(), **trace)))
 
     # -- 3. shutdown ------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -177,6 +199,16 @@ class Coordinator(ControlPlane, Supervisor):
                 except subprocess.TimeoutExpired:
                     child.proc.kill()
                     child.proc.wait()
+                log.info("%s exited: %s, %s", child.role, child.describe(),
+                         describe_exit(child.proc.returncode))
+        for model_id, spec in enumerate(self.specs):
+            if self.model_state.get(model_id) == "READY":
+                log.info("model unloaded: '%s' version %d", spec.name, spec.version)
+        if self.traces is not None:  # the workers are gone: what they sent is all there is
+            try:
+                self.traces.close()
+            except Exception as e:  # the segments below must go whatever happened here
+                log.error("traces: could not finish: %s", e)
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
@@ -189,7 +221,8 @@ class Coordinator(ControlPlane, Supervisor):
             rec = read_record(self.opts.name)
             if rec and rec.get("pid") == os.getpid():
                 record_path(self.opts.name).unlink(missing_ok=True)
-        log.info("stopped; segments removed")
+        if self.owns_name:
+            log.info("server stopped: '%s', segments removed", self.opts.name)
 
     async def drain(self, force: asyncio.Event) -> None:
         """Lets the requests in flight finish, at most --exit-timeout-secs: the batcher
@@ -224,23 +257,27 @@ class Coordinator(ControlPlane, Supervisor):
     async def serve(self, ready_fd: int | None = None) -> None:
         stop, force = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
+        stopped_by = []
+
+        def on_signal(sig: signal.Signals) -> None:
+            if stop.is_set():
+                force.set()
+            else:
+                stopped_by.append(sig.name)
+                stop.set()
+
         for sig in STOP_SIGNALS:  # the first stops (draining), a second cuts the drain short
-            loop.add_signal_handler(sig, lambda: force.set() if stop.is_set() else stop.set())
+            loop.add_signal_handler(sig, on_signal, sig)
         server = await asyncio.start_unix_server(self.on_connection, path=str(self.sock_path))
         os.chmod(self.sock_path, 0o600)
         if self.gid is not None:
             share_with_group(self.sock_path, self.gid, 0o660)
             log.info("clients of group %s (gid %d) are allowed", self.opts.group, self.gid)
         self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
-        for model_id, spec in enumerate(self.specs):
-            log.info("model '%s' version %d: %s (%s, %d instance%s, max_batch_size %d)",
-                     spec.name, spec.version, self.model_state.get(model_id), spec.backend,
-                     spec.instance_count, "s" * (spec.instance_count > 1), spec.max_batch_size)
-        for problem in self.broken:
-            log.warning("model '%s'%s: UNAVAILABLE: %s", problem.name,
-                        "" if problem.version is None else f" version {problem.version}",
-                        problem.reason)
-        log.info("ready: server '%s', control socket %s", self.opts.name, self.sock_path)
+        ready = sum(state == "READY" for state in self.model_state.values())
+        log.info("server ready: '%s', control socket %s, %d of %d model%s READY", self.opts.name,
+                 self.sock_path, ready, len(self.specs) + len(self.broken),
+                 "s" * (len(self.specs) + len(self.broken) != 1))
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
@@ -259,11 +296,14 @@ class Coordinator(ControlPlane, Supervisor):
                 self.opts.metrics_interval_ms)
             log.info("metrics on http://%s:%d/metrics", self.opts.metrics_address,
                      self.opts.metrics_port)
+        if self.traces is not None:
+            loop.add_reader(self.traces.read_fd, self.traces.on_readable)
         supervisor = asyncio.create_task(self.supervise(stop))
         await stop.wait()
+        log.info("server stopping: '%s' (%s)", self.opts.name, stopped_by[0])
         server.close()  # no new lease; the open ones stay, so their requests can be answered
         await self.drain(force)
-        log.info("stopping")
+        self.stopping = True  # the connections closed now are closed by the server
         self.control.ops.store32(L["control.server_state"], P.ServerState.STOPPED)
         for writer in list(self.connections):
             writer.close()
@@ -294,7 +334,15 @@ def _stop_while_starting(signum, frame) -> None:
 
 def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
     """Runs a server until SIGINT, SIGTERM or SIGHUP. Returns a process exit code."""
-    logging.basicConfig(level=opts.log_level, format="[shmserve] %(message)s")
+    try:
+        setup_logging(opts.log_options(), "coordinator")
+    except (ValueError, OSError) as e:
+        setup_logging(LogOptions(), "coordinator")  # on stderr, so that the refusal is seen
+        log.error("%s", e if isinstance(e, ValueError) else
+                  f"--log-file {opts.log_file}: cannot open it for appending: {e.strerror or e}")
+        return 2
+    log.info("server starting: '%s', repository %s, pid %d", opts.name,
+             os.path.abspath(opts.model_repository), os.getpid())
     coord = Coordinator(opts)
     # Until the event loop takes them over, a stop signal unwinds through shutdown()
     # (the default action would kill the process and leave its segments behind).
@@ -308,6 +356,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
         coord.specs, coord.broken = load_models(opts)
+        coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
         coord.create_segments()
         coord.plan_children()
         coord.start_children()
@@ -324,7 +373,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
         log.error("%s", e)
         return 2
     except StopRequested as e:
-        log.info("%s while starting: stopping", e)
+        log.info("server stopping: '%s' (%s while starting: stopping)", opts.name, e)
         return 0
     finally:
         for sig in STOP_SIGNALS:  # a second signal during clean-up must not cut it short

@@ -8,6 +8,7 @@ import os
 import sys
 
 from .. import _core
+from ..logs import LogOptions, setup as setup_logging
 from ..protocol import LAYOUT, ClientState, MailboxState, Status
 from ..segments import Segment
 from .segments import ArenaLayout, ServerLayout
@@ -129,7 +130,7 @@ class ServerMaps:
 
 def child_setup(role: str) -> dict:
     """Common start of a child process: read its boot message from stdin, die with
-    the coordinator."""
+    the coordinator, log as the coordinator was told to (shmserve/logs.py)."""
     import json
     import signal
 
@@ -139,4 +140,5 @@ def child_setup(role: str) -> dict:
     if os.getppid() != boot["coordinator_pid"]:  # the coordinator died before prctl
         sys.exit(1)
     sys.stdin.close()
+    setup_logging(LogOptions.from_dict(boot["log"]), role)
     return boot

@@ -290,7 +290,8 @@ class StatsCollector:
             for n, count in s["shmserve"]["batch_requests"].items():
                 batches.add_sample(batches.name, {**key, "requests": str(n)}, count)
             for inst in s["shmserve"]["instances"]:
-                labels = {**key, "instance": str(inst["instance"])}
+                # not "instance": Prometheus's own label for the scrape target
+                labels = {**key, "model_instance": str(inst["instance"])}
                 restarts.add_sample(restarts.name, labels, inst["restarts"])
                 executions.add_sample(executions.name, labels, inst["executions"])
                 for how, n in inst["wakeups"].items():
@@ -299,7 +300,7 @@ class StatsCollector:
         batcher = status["batcher"]
         for how, n in batcher["wakeups"].items():
             wakeups.add_sample(wakeups.name, {"role": "batcher", "model": "", "version": "",
-                                              "instance": "", "how": how.lower()}, n)
+                                              "model_instance": "", "how": how.lower()}, n)
         yield from (ready, batches, restarts, executions, wakeups)
         yield _counter_value("shmserve_batcher_restarts", "Restarts of the batcher process",
                              batcher["restarts"])

@@ -1,11 +1,17 @@
 """The model repository: Triton's layout, config.pbtxt parsed with Triton's schema.
 
     <repository>/<model name>/config.pbtxt
+    <repository>/<model name>/[<labels file> ...]
+    <repository>/<model name>/[warmup/<warmup data file> ...]
     <repository>/<model name>/<version>/<model file>
+
+Version directories are named by a number that does not start with 0 (others are
+ignored, as Triton does); the config's version_policy picks the versions served.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 from pathlib import Path
@@ -13,17 +19,24 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from .. import backends
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
-from . import autocomplete, unsupported
+from . import autocomplete, reshape, unsupported, warmup
 
-# backend name -> (accepted platform names, default model file)
+log = logging.getLogger("shmserve.repository")
+
+# backend name -> (its platform name, default model file). Triton's config names a
+# model's backend, its platform, or both (then they must agree).
 BACKENDS = {
-    "python": ((), "model.py"),
-    "onnxruntime": (("onnxruntime_onnx",), "model.onnx"),
+    "python": ("python", "model.py"),
+    "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
+    "pytorch": ("pytorch_libtorch", "model.pt"),
+    "tensorrt": ("tensorrt_plan", "model.plan"),
 }
-_PLATFORM_TO_BACKEND = {p: b for b, (ps, _) in BACKENDS.items() for p in ps}
+_PLATFORM_TO_BACKEND = {p: b for b, (p, _) in BACKENDS.items()}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_VERSION_RE = re.compile(r"^[1-9][0-9]*$")  # Triton ignores other names, and those starting with 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +44,9 @@ class TensorSpec:
     name: str
     dtype: int  # protocol / Triton DataType code
     dims: tuple[int, ...]  # without the batch dimension when max_batch_size > 0
+    reshape: tuple[int, ...] | None = None  # the model's shape (reshape.py); None: dims
+    optional: bool = False  # an input a request may leave out
+    label_filename: str = ""  # an output's labels file, in the model directory
 
     @property
     def dtype_name(self) -> str:
@@ -69,6 +85,7 @@ class ModelSpec:
     max_queue_size: int = 0  # dynamic_batching.default_queue_policy; 0: unbounded (all slots)
     queue_timeout_us: int = 0  # ... default_timeout_microseconds with REJECT; 0: none
     instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
+    warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -76,10 +93,29 @@ class ModelSpec:
     @classmethod
     def from_dict(cls, d: dict) -> "ModelSpec":
         d = dict(d)
-        d["inputs"] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"])) for t in d["inputs"])
-        d["outputs"] = tuple(TensorSpec(t["name"], t["dtype"], tuple(t["dims"])) for t in d["outputs"])
+        d["inputs"] = tuple(_tensor_from_dict(t) for t in d["inputs"])
+        d["outputs"] = tuple(_tensor_from_dict(t) for t in d["outputs"])
         d["preferred_batch_sizes"] = tuple(d["preferred_batch_sizes"])
+        d["warmup"] = tuple(d.get("warmup", ()))
         return cls(**d)
+
+    @property
+    def model_dir(self) -> Path:
+        return Path(self.path).parent.parent
+
+    def config(self) -> mc.ModelConfig:
+        """The model's configuration as served (completed and checked)."""
+        return text_format.Parse(self.config_text, mc.ModelConfig())
+
+    def labels(self, output: str) -> list[str]:
+        """The labels of an output that names a label_filename (one per line, as
+        Triton reads them); [] when it names none."""
+        for t in self.outputs:
+            if t.name == output:
+                if not t.label_filename:
+                    return []
+                return (self.model_dir / t.label_filename).read_text().splitlines()
+        raise KeyError(f"model '{self.name}' has no output '{output}'")
 
     def metadata(self, model_id: int) -> dict:
         """KServe-v2-style metadata, plus what a shared-memory client needs."""
@@ -97,6 +133,14 @@ class ModelSpec:
         }
 
 
+def _tensor_from_dict(t: dict) -> TensorSpec:
+    t = dict(t)
+    t["dims"] = tuple(t["dims"])
+    if t.get("reshape") is not None:
+        t["reshape"] = tuple(t["reshape"])
+    return TensorSpec(**t)
+
+
 def parse_config(text: str, where: str) -> mc.ModelConfig:
     """Parses config.pbtxt text; errors name the file, line and column."""
     try:
@@ -107,7 +151,8 @@ def parse_config(text: str, where: str) -> mc.ModelConfig:
         raise ConfigError(f"{where}{pos}: {str(e).split(' : ', 1)[-1]}") from None
 
 
-def _tensors(items, where: str, kind: str, batched: bool) -> tuple[TensorSpec, ...]:
+def _tensors(items, where: str, kind: str, batched: bool, model_dir: Path
+             ) -> tuple[TensorSpec, ...]:
     if len(items) > MAX_TENSORS:
         raise ConfigError(f"{where}: {len(items)} {kind}s (limit {MAX_TENSORS})")
     out, seen = [], set()
@@ -127,39 +172,89 @@ def _tensors(items, where: str, kind: str, batched: bool) -> tuple[TensorSpec, .
                               + (" plus the batch dimension)" if batched else ")"))
         if any(d < -1 or d == 0 for d in dims):
             raise ConfigError(f"{where}: {kind} '{t.name}' dims {list(dims)}: each must be -1 or > 0")
-        out.append(TensorSpec(t.name, code, dims))
+        shape = None
+        if t.HasField("reshape"):
+            shape = tuple(int(d) for d in t.reshape.shape)
+            why = reshape.check(dims, shape)
+            if why:
+                raise ConfigError(f"{where}: {kind} '{t.name}' {why}")
+        optional = kind == "input" and t.optional
+        labels = t.label_filename if kind == "output" else ""
+        if labels:
+            path = model_dir / labels
+            if not path.resolve().is_relative_to(model_dir.resolve()) or not path.is_file():
+                raise ConfigError(f"{where}: output '{t.name}' label_filename {labels!r}: no such "
+                                  f"file in {model_dir}")
+        out.append(TensorSpec(t.name, code, dims, shape, optional, labels))
     if not out:
         raise ConfigError(f"{where}: the model declares no {kind}")
     return tuple(out)
 
 
-def _versions(model_dir: Path, cfg: mc.ModelConfig, model_file: str, where: str) -> list[int]:
+def _versions(model_dir: Path, cfg: mc.ModelConfig, where: str) -> list[int]:
+    """The versions Triton would load: of the version directories (a number not
+    starting with 0), the highest `latest { num_versions }` (default 1), `all`, or
+    the `specific { versions }` that exist (one that does not is logged as an error
+    naming it, and the others load, as Triton does)."""
     available = sorted(int(p.name) for p in model_dir.iterdir()
-                       if p.is_dir() and p.name.isdigit() and (p / model_file).exists())
+                       if p.is_dir() and _VERSION_RE.match(p.name))
     if not available:
-        raise ConfigError(f"{where}: no version directory holds {model_file} "
-                          f"(expected {model_dir}/<version>/{model_file})")
+        raise ConfigError(f"{where}: no version directory in {model_dir} (a model's files go "
+                          "in <model>/<version>/, the version a number such as 1)")
     policy = cfg.version_policy
     which = policy.WhichOneof("policy_choice")
     if which == "all":
         return available
     if which == "specific":
         wanted = sorted(set(policy.specific.versions))
-        missing = [v for v in wanted if v not in available]
-        if missing:
-            raise ConfigError(f"{where}: version_policy asks for versions {missing} not in {available}")
-        return wanted
+        for v in wanted:
+            if v not in available:
+                log.error("%s: version_policy specific names version %d, but %s/%d does not "
+                          "exist (versions present: %s)", where, v, model_dir, v,
+                          ", ".join(map(str, available)))
+        chosen = [v for v in wanted if v in available]
+        if not chosen:
+            raise ConfigError(f"{where}: version_policy specific names versions "
+                              f"{', '.join(map(str, wanted)) or '(none)'}, none of which exists "
+                              f"in {model_dir} (versions present: "
+                              f"{', '.join(map(str, available))})")
+        return chosen
     n = policy.latest.num_versions if which == "latest" and policy.latest.num_versions else 1
     return available[-n:]
 
 
-def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
+def resolve_backend(cfg: mc.ModelConfig, where: str) -> str:
+    """The backend of a config naming its backend, its platform or both (then they
+    must agree)."""
+    by_platform = _PLATFORM_TO_BACKEND.get(cfg.platform)
+    if cfg.platform and by_platform is None:
+        raise ConfigError(f"{where}: platform '{cfg.platform}' is not supported (supported: "
+                          f"{', '.join(sorted(_PLATFORM_TO_BACKEND))})")
+    if cfg.backend and cfg.backend not in BACKENDS:
+        raise ConfigError(f"{where}: backend '{cfg.backend}' is not supported "
+                          f"(supported: {', '.join(sorted(BACKENDS))})")
+    if cfg.backend and by_platform and cfg.backend != by_platform:
+        raise ConfigError(f"{where}: platform '{cfg.platform}' and backend '{cfg.backend}' "
+                          f"disagree (platform '{cfg.platform}' is the '{by_platform}' backend's; "
+                          "name one of them, or both alike)")
+    backend = cfg.backend or by_platform
+    if not backend:
+        raise ConfigError(f"{where}: names neither a backend nor a platform (backends: "
+                          f"{', '.join(sorted(BACKENDS))})")
+    return backend
+
+
+def load_model(model_dir: Path, auto_complete: bool = True,
+               problems: list | None = None) -> list[ModelSpec]:
     """The servable versions of one model directory. auto_complete (Triton's default;
     --disable-auto-complete-config turns it off): an ONNX model's config.pbtxt may be
-    missing or leave out input/output/max_batch_size, completed from the graph
-    (autocomplete.py)."""
+    missing or leave out input/output/max_batch_size, completed from the graph; a
+    python model's is completed by its auto_complete_config hook (autocomplete.py).
+    A version the policy selects whose model file is missing cannot be served: with
+    `problems` (a list) it is appended there as a ModelProblem and the other versions
+    are returned; without, it raises."""
     where = str(model_dir / "config.pbtxt")
-    onnx_file = None
+    model_path = None  # the file auto-complete reads, when found without a config
     if (model_dir / "config.pbtxt").is_file():
         text = (model_dir / "config.pbtxt").read_text()
         cfg = parse_config(text, where)
@@ -167,13 +262,18 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
         raise ConfigError(f"{where}: missing (every model needs a config.pbtxt when "
                           "auto-complete is disabled)")
     else:
-        onnx_file = autocomplete.find_onnx_model(model_dir)
-        if onnx_file is None:
-            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} "
-                              f"in {model_dir} to complete a configuration from (only ONNX "
-                              "models are auto-completed; others need a config.pbtxt)")
+        for backend, model_file in ((autocomplete.ONNX_BACKEND, autocomplete.ONNX_FILE),
+                                    (autocomplete.PYTHON_BACKEND, autocomplete.PYTHON_FILE)):
+            model_path = autocomplete.find_model_file(model_dir, model_file)
+            if model_path is not None:
+                break
+        else:
+            raise ConfigError(f"{where}: missing, and no <version>/{autocomplete.ONNX_FILE} or "
+                              f"<version>/{autocomplete.PYTHON_FILE} in {model_dir} to complete "
+                              "a configuration from (only ONNX and python models are "
+                              "auto-completed; others need a config.pbtxt)")
         where = str(model_dir)  # errors name the directory: there is no file
-        cfg = mc.ModelConfig(backend=autocomplete.ONNX_BACKEND)
+        cfg = mc.ModelConfig(backend=backend)
     name = cfg.name or model_dir.name
     if name != model_dir.name:
         raise ConfigError(f"{where}: name '{cfg.name}' differs from its directory '{model_dir.name}'")
@@ -181,31 +281,37 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
         raise ConfigError(f"{where}: model name {name!r} must be letters, digits, '_.-', "
                           f"under {NAME_BYTES} bytes")
     cfg.name = name
-    backend = cfg.backend or _PLATFORM_TO_BACKEND.get(cfg.platform, cfg.platform)
-    if backend not in BACKENDS:
-        raise ConfigError(f"{where}: backend {backend or '(none)'!r} is not supported "
-                          f"(supported: {', '.join(sorted(BACKENDS))})")
-    if auto_complete and backend == autocomplete.ONNX_BACKEND:
-        if onnx_file is None:
-            model_file = cfg.default_model_filename or BACKENDS[backend][1]
-            if os.sep in model_file or model_file in ("..", "."):
-                raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a "
-                                  "file name")
-            onnx_file = next((model_dir / str(v) / model_file
-                              for v in reversed(_versions(model_dir, cfg, model_file, where))), None)
-        autocomplete.complete_onnx_config(cfg, onnx_file, where)
-    unsupported.check(cfg, where)  # refuses what would change results, warns of the rest
+    backend = resolve_backend(cfg, where)
+    if auto_complete and backend in (autocomplete.ONNX_BACKEND, autocomplete.PYTHON_BACKEND):
+        if model_path is None:
+            model_file = _model_file(cfg, backend, where)
+            model_path = next((model_dir / str(v) / model_file
+                               for v in reversed(_versions(model_dir, cfg, where))
+                               if (model_dir / str(v) / model_file).is_file()), None)
+        # No version holds the model file: nothing to complete from; each selected
+        # version is then reported missing its file (below), as Triton fails its load.
+        if model_path is not None and backend == autocomplete.ONNX_BACKEND:
+            autocomplete.complete_onnx_config(cfg, model_path, where)
+        elif model_path is not None:
+            autocomplete.complete_python_config(cfg, model_path, where)
+    unsupported.check(cfg, where, backend)  # refuses what changes results, warns of the rest
+    backends.check_config(backend, cfg, where)  # the backend's own parameters and options
     if cfg.max_batch_size < 0:
         raise ConfigError(f"{where}: max_batch_size {cfg.max_batch_size} must be >= 0")
     batched = cfg.max_batch_size > 0
-    inputs = _tensors(cfg.input, where, "input", batched)
-    outputs = _tensors(cfg.output, where, "output", batched)
+    inputs = _tensors(cfg.input, where, "input", batched, model_dir)
+    outputs = _tensors(cfg.output, where, "output", batched, model_dir)
     count = 0
     for group in cfg.instance_group or [mc.ModelInstanceGroup(count=1)]:
-        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+        gpu_only = backend == "tensorrt"  # a TensorRT plan runs on its GPU, nowhere else
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not gpu_only:
             raise ConfigError(f"{where}: instance_group kind KIND_GPU is not supported on this "
                               "server build (use KIND_CPU)")
-        if group.kind not in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU):
+        if group.kind == mc.ModelInstanceGroup.KIND_CPU and gpu_only:
+            raise ConfigError(f"{where}: instance_group kind KIND_CPU: a tensorrt_plan model "
+                              "runs on a GPU (use KIND_GPU or leave kind out)")
+        if group.kind not in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU,
+                              mc.ModelInstanceGroup.KIND_GPU):
             raise ConfigError(f"{where}: instance_group kind "
                               f"{mc.ModelInstanceGroup.Kind.Name(group.kind)} is not supported")
         count += group.count or 1  # Triton fills an unset count with 1
@@ -218,9 +324,8 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
                           f"1..max_batch_size ({cfg.max_batch_size})")
     if dyn and not batched:
         raise ConfigError(f"{where}: dynamic_batching needs max_batch_size > 0")
-    model_file = cfg.default_model_filename or BACKENDS[backend][1]
-    if os.sep in model_file or model_file in ("..", "."):
-        raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a file name")
+    model_file = _model_file(cfg, backend, where)
+    samples = warmup.parse(cfg, model_dir, where, inputs)
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     retry = params.get(RETRY_PARAMETER, "false").strip().lower()
     if retry not in ("true", "false"):
@@ -232,17 +337,34 @@ def load_model(model_dir: Path, auto_complete: bool = True) -> list[ModelSpec]:
                           f'"{GREEDY}", got {params[BALANCING_PARAMETER]!r}')
     policy = cfg.dynamic_batching.default_queue_policy
     reject = policy.timeout_action == mc.ModelQueuePolicy.REJECT
-    return [
-        ModelSpec(name=name, version=v, backend=backend, path=str(model_dir / str(v) / model_file),
-                  max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=outputs,
-                  instance_count=count, dynamic_batching=dyn, preferred_batch_sizes=preferred,
-                  max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
-                  parameters=params, config_text=text_format.MessageToString(cfg),
-                  retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),
-                  queue_timeout_us=int(policy.default_timeout_microseconds) if reject else 0,
-                  instance_balancing=balancing)
-        for v in _versions(model_dir, cfg, model_file, where)
-    ]
+    specs = []
+    for v in _versions(model_dir, cfg, where):
+        path = model_dir / str(v) / model_file
+        if not path.exists():  # Triton fails this version's load; the others serve
+            why = f"{path}: missing (the model file of version {v}, which version_policy selects)"
+            if problems is None:
+                raise ConfigError(why)
+            problems.append(ModelProblem(name, v, why))
+            continue
+        specs.append(ModelSpec(
+            name=name, version=v, backend=backend, path=str(path),
+            max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=outputs,
+            instance_count=count, dynamic_batching=dyn, preferred_batch_sizes=preferred,
+            max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
+            parameters=params, config_text=text_format.MessageToString(cfg),
+            retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),
+            queue_timeout_us=int(policy.default_timeout_microseconds) if reject else 0,
+            instance_balancing=balancing, warmup=samples))
+    return specs
+
+
+def _model_file(cfg: mc.ModelConfig, backend: str, where: str) -> str:
+    """The model file's name in each version directory: default_model_filename, or
+    the backend's default (model.onnx, model.pt, model.plan, model.py)."""
+    model_file = cfg.default_model_filename or BACKENDS[backend][1]
+    if os.sep in model_file or model_file in ("..", "."):
+        raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a file name")
+    return model_file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,7 +395,7 @@ def scan_repository(path: str | os.PathLike, auto_complete: bool = True
     model_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     for model_dir in model_dirs:
         try:
-            specs.extend(load_model(model_dir, auto_complete))
+            specs.extend(load_model(model_dir, auto_complete, problems))
         except ConfigError as e:
             problems.append(ModelProblem(model_dir.name, None, e.msg))
         except (OSError, UnicodeDecodeError) as e:  # unreadable config.pbtxt or version dir

@@ -1,7 +1,8 @@
 """Supervision of the coordinator's children: the batcher and one worker per model
-instance are started (workers report on stdout whether their model loaded),
-restarted with a backoff when they exit, and retired when they crash-loop. A mixin of
-Coordinator, whose state it uses.
+instance are started (workers report on a pipe of their own whether their model
+loaded), restarted with a backoff when they exit, and retired when they crash-loop.
+Each start, exit, restart and retirement is one log line naming the child. A mixin
+of Coordinator, whose state it uses.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -33,20 +35,41 @@ class Child:
     retired: bool = False
     handshake: typing.BinaryIO | None = None  # the read end of a starting worker's report
 
+    def describe(self) -> str:
+        """What the log names it by: its model instance (a worker) and its pid."""
+        pid = f"pid {self.proc.pid}" if self.proc else "not running"
+        if self.role != "worker":
+            return pid
+        m = self.boot["model"]
+        return f"model '{m['name']}' version {m['version']} instance {self.boot['instance']}, {pid}"
+
+
+def describe_exit(code: int) -> str:
+    """A child's exit status in words: "exit code 3" or "signal SIGKILL"."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
 
 class Supervisor:
     def spawn(self, child: Child, handshake: bool = False) -> None:
-        """Starts a child. Its stdout and stderr are the server's log (a model's print()
-        lands there). With handshake, a pipe of its own (boot "handshake_fd") carries the
+        """Starts a child. Its stdout and stderr are the coordinator's stderr; its log
+        lines go where the coordinator's go (shmserve/logs.py, which also turns a
+        model's print() into log lines). With handshake, a pipe of its own (boot "handshake_fd") carries the
         worker's one-line report of whether its model loaded (read_handshake)."""
         boot, keep = dict(child.boot), ()
         if handshake:
             read_end, write_end = os.pipe()
             boot["handshake_fd"], keep = write_end, (write_end,)
+        # A worker's trace pipe (boot "trace") stays open here for its restarts.
+        shared = (boot["trace"]["fd"],) if "trace" in boot else ()
         try:
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", f"shmserve.server.{child.role}"], stdin=subprocess.PIPE,
-                stdout=sys.stderr.fileno(), pass_fds=keep)
+                stdout=sys.stderr.fileno(), pass_fds=keep + shared)
         except BaseException:
             if handshake:
                 os.close(read_end)
@@ -57,6 +80,10 @@ class Supervisor:
         child.handshake = os.fdopen(read_end, "rb") if handshake else None
         child.proc.stdin.write((json.dumps(boot) + "\n").encode())
         child.proc.stdin.close()
+        if child.restarts:
+            log.info("%s restarted: %s (restart %d)", child.role, child.describe(), child.restarts)
+        else:
+            log.info("%s started: %s", child.role, child.describe())
 
     def read_handshake(self, child: Child, deadline: float) -> dict:
         """A worker's one-line load report, or why there is none."""
@@ -72,10 +99,20 @@ class Supervisor:
             return {}
 
     def start_children(self) -> None:
-        deadline = time.monotonic() + self.opts.load_timeout_s
+        started = time.monotonic()
+        deadline = started + self.opts.load_timeout_s
+        for problem in self.broken:  # --exit-on-error=false: never loaded, never started
+            log.error("model failed to load: '%s'%s: %s (UNAVAILABLE)", problem.name,
+                      "" if problem.version is None else f" version {problem.version}",
+                      problem.reason)
+        for spec in self.specs:
+            log.info("model loading: '%s' version %d (%s backend, %d instance%s, "
+                     "max_batch_size %d)", spec.name, spec.version, spec.backend,
+                     spec.instance_count, "s" * (spec.instance_count != 1), spec.max_batch_size)
         for child in self.children:
             self.spawn(child, handshake=child.role == "worker")
         # Workers say on their handshake pipe whether their model loaded.
+        load_s = {}
         for child in self.children:
             if child.role != "worker":
                 continue
@@ -83,15 +120,24 @@ class Supervisor:
             msg = self.read_handshake(child, deadline)
             if msg.get("ready"):
                 self.model_state.setdefault(model_id, "READY")
+                # CLOCK_MONOTONIC is one clock for every process: the worker's own
+                # time of readiness, not when this loop got round to reading it.
+                load_s[model_id] = max(load_s.get(model_id, 0.0),
+                                       msg.get("monotonic", time.monotonic()) - started)
             else:
-                why = msg.get("error") or f"worker exited with code {child.proc.wait()}"
+                why = msg.get("error") or describe_exit(child.proc.wait())
                 self.model_state[model_id] = f"UNAVAILABLE: {why}"
-                log.error("model '%s' version %d failed to load: %s",
-                          self.specs[model_id].name, self.specs[model_id].version, why)
+                log.error("model failed to load: '%s' version %d (instance %d): %s",
+                          self.specs[model_id].name, self.specs[model_id].version,
+                          child.boot["instance"], why)
             child.handshake.close()
             child.handshake = None
-        for model_id in range(len(self.specs)):
+        for model_id, spec in enumerate(self.specs):
             ready = self.model_state.get(model_id) == "READY"
+            if ready:
+                log.info("model loaded: '%s' version %d, %d instance%s in %.2f s", spec.name,
+                         spec.version, spec.instance_count, "s" * (spec.instance_count != 1),
+                         load_s[model_id])
             self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))
 
     async def supervise(self, stop: asyncio.Event) -> None:
@@ -113,8 +159,8 @@ class Supervisor:
                     continue
                 child.restarts += 1
                 delay = min(0.1 * 2 ** len(child.exits), 5.0)
-                log.error("%s (pid %d) exited with code %s; restart %d in %.1fs", child.role,
-                          child.proc.pid, code, child.restarts, delay)
+                log.error("%s exited: %s, %s; restart %d in %.1f s", child.role, child.describe(),
+                          describe_exit(code), child.restarts, delay)
                 if child.role == "worker":  # no dispatch to it until the new one loaded
                     mb = self.layout.mailbox(child.boot["worker_index"])
                     self.server.ops.store32(mb + L["mailbox.pid"], 0)
@@ -128,16 +174,18 @@ class Supervisor:
     def retire(self, child: Child, code) -> None:
         """A crash-looping worker is not restarted again. The batcher answers its
         batch; once no instance of its model is left, the model is UNAVAILABLE."""
+        log.error("worker retired: %s: exited %d times in %.0f s (last: %s), not restarted",
+                  child.describe(), CRASH_LOOP[0], CRASH_LOOP[1], describe_exit(code))
         child.retired, child.proc = True, None
         model_id = child.boot["model_id"]
         spec = self.specs[model_id]
         mb = self.layout.mailbox(child.boot["worker_index"])
         self.server.ops.store32(mb + L["mailbox.pid"], P.MAILBOX_RETIRED)
-        log.error("model '%s' instance %d exited %d times in %.0f s (last exit code %s): retired",
-                  spec.name, child.boot["worker_index"], CRASH_LOOP[0], CRASH_LOOP[1], code)
         siblings = [c for c in self.children if c.role == "worker" and c.boot["model_id"] == model_id]
         if all(c.retired for c in siblings):
             self.model_state[model_id] = (f"UNAVAILABLE: its worker crashed {CRASH_LOOP[0]} times "
-                                          f"in {CRASH_LOOP[1]:.0f} s (last exit code {code})")
+                                          f"in {CRASH_LOOP[1]:.0f} s (last {describe_exit(code)})")
             self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], 0)
+            log.error("model unavailable: '%s' version %d: every instance was retired",
+                      spec.name, spec.version)
         self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])

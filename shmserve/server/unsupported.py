@@ -1,10 +1,11 @@
 """config.pbtxt fields shmserve does not implement yet: never accepted in silence.
 
 A field whose absence would change what a caller gets back (a sequence's requests
-reaching different instances, a reshape not applied, a decoupled model answered once)
-is refused with a ConfigError naming it; one that only changes when or how fast
-requests run, or what happens at load (priorities, warmup, the response cache), is
-loaded with a warning naming it. Everything else set in a config is implemented.
+reaching different instances, a ragged batch, a decoupled model answered once) is
+refused with a ConfigError naming it; one that only changes when or how fast
+requests run (priorities, the response cache, pinned memory, CUDA graphs) is loaded
+with a warning naming it. Everything else set in a config is implemented; a
+backend's own parameters and options are checked by the backend (backends/).
 """
 from __future__ import annotations
 
@@ -20,15 +21,17 @@ log = logging.getLogger("shmserve.repository")
 # elsewhere); `runtime` is a Triton backend library name, irrelevant here.
 IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "input", "output",
                "instance_group", "dynamic_batching", "parameters", "version_policy",
-               "default_model_filename"}
+               "default_model_filename", "model_warmup", "optimization"}
 # Set, these change results: refused.
 REFUSED = {"sequence_batching", "ensemble_scheduling", "batch_input", "batch_output"}
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
                        "default_queue_policy"}
 QUEUE_POLICY_IMPLEMENTED = {"max_queue_size", "default_timeout_microseconds", "timeout_action"}
-TENSOR_IMPLEMENTED = {"name", "data_type", "dims"}
-TENSOR_REFUSED = {"reshape", "optional", "allow_ragged_batch", "is_shape_tensor",
-                  "is_non_linear_format_io"}
+TENSOR_IMPLEMENTED = {"name", "data_type", "dims", "reshape", "optional", "label_filename"}
+TENSOR_REFUSED = {"allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io"}
+# optimization: the onnxruntime backend applies graph and execution_accelerators
+# (onnxruntime_backend.py); the other backends ignore them, as Triton's do.
+OPTIMIZATION_BY_BACKEND = {"graph": {"onnxruntime"}, "execution_accelerators": {"onnxruntime"}}
 GROUP_IMPLEMENTED = {"name", "kind", "count"}
 
 
@@ -36,9 +39,10 @@ def _set_fields(message) -> list[str]:
     return [field.name for field, _ in message.ListFields()]
 
 
-def check(cfg: mc.ModelConfig, where: str) -> list[str]:
+def check(cfg: mc.ModelConfig, where: str, backend: str | None = None) -> list[str]:
     """Raises ConfigError for the first field set in cfg that would change results;
-    logs and returns a warning for each other field shmserve ignores."""
+    logs and returns a warning for each other field shmserve ignores (for `backend`,
+    when given: optimization settings are per backend)."""
     warnings = []
 
     def ignored(path: str, why: str = "") -> None:
@@ -62,6 +66,13 @@ def check(cfg: mc.ModelConfig, where: str) -> list[str]:
                                       "by shmserve yet")
                 if field not in TENSOR_IMPLEMENTED:
                     ignored(f"{kind} '{t.name}' {field}")
+    for field in _set_fields(cfg.optimization):
+        used_by = OPTIMIZATION_BY_BACKEND.get(field)
+        if used_by is None:
+            ignored(f"optimization {field}")
+        elif backend is not None and backend not in used_by:
+            warnings.append(f"{where}: optimization {field} is not used by the {backend} "
+                            f"backend (as in Triton) and is ignored")
     for group in cfg.instance_group:
         for field in _set_fields(group):
             if field not in GROUP_IMPLEMENTED:

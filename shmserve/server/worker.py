@@ -9,17 +9,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 import traceback
 
 import numpy as np
 
-from ..backends import load_backend
+from ..backends import Instance, load_backend
+from ..logs import capture_model_output
 from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
                         encode_bytes, numpy_dtype)
+from . import reshape, warmup
 from .repository import ModelSpec
 from .maps import ServerMaps, child_setup
+from .tracing import Sampler
 
 L = LAYOUT
 BYTES = DataType.BYTES
@@ -56,11 +60,20 @@ class Worker:
         self.mailbox = self.maps.layout.mailbox(self.index)
         self.model_off = self.maps.layout.model(self.model_id)
         self.batched = self.spec.max_batch_size > 0
+        self.reshaped_inputs = tuple(t for t in self.spec.inputs if t.reshape is not None)
+        self.instance = Instance(boot.get("instance", 0), boot.get("server_name", "default"),
+                                 boot.get("socket"))
         self.backend = None
+        self.stopping = False  # set by SIGTERM: leave serve_forever after the batch in hand
+        # --trace-config: None when tracing is off, so run_batch does not even look
+        self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
+        self.per_request = False  # Triton's python API: execute_requests()
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
-        self.backend = load_backend(self.spec)
+        self.backend = load_backend(self.spec, self.instance)
+        self.per_request = getattr(self.backend, "per_request", False)
+        warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
         # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
         # mailbox.pid in dispatch(): from then on it hands us batches; the doorbell
@@ -94,7 +107,7 @@ class Worker:
         waiting = self.mailbox + L["mailbox.batcher_waiting"]
         spin = self.maps.spin
         dropped_at = time.monotonic_ns()
-        while True:
+        while not self.stopping:
             # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
             started = time.monotonic_ns()
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
@@ -142,6 +155,30 @@ class Worker:
         # Triton's three compute stages: gather the inputs, run the model, check and
         # scatter the outputs (timed until the answers are written, before they go out).
         t_input = time.monotonic_ns()
+        if self.per_request:  # Triton's python API: a list of requests, a response each
+            answers, t_infer, t_output = self.execute_requests(live)
+        else:
+            answers, t_infer, t_output = self.execute_batch(live)
+        row = sum(req.rows for req in live)
+        # Statistics first: a caller that reads them after its answer sees its request.
+        srv, done = self.maps.srv, time.monotonic_ns()
+        srv.record_execution(self.model_off, len(live), row, t_infer - t_input,
+                             t_output - t_infer, done - t_output)
+        srv.record_answers(self.model_off, [(int(st), req.taken_ns)
+                                            for req, (st, _, _) in zip(live, answers)])
+        srv.add64(self.mailbox + L["mailbox.executions"], 1)
+        traced = self.tracer.sample(live) if self.tracer is not None else None
+        for req, (st, m, results) in zip(live, answers):
+            try:
+                req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
+            except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
+                log.warning("client %d: could not answer: %s", req.client_id, e)
+        if traced:
+            self.tracer.send(traced, t_input, t_infer, t_output, done)
+
+    def execute_batch(self, live: list[Request]) -> tuple[list, int, int]:
+        """The whole batch in one call (backend.execute: dicts of arrays), its outputs
+        checked once and cut into each caller's rows. Returns (answers, t_infer, t_output)."""
         t_infer = t_output = None
         try:
             inputs = self.gather(live)
@@ -153,8 +190,7 @@ class Worker:
         except BatchError as e:
             status, msg = e.status, str(e)
         except Exception as e:  # the model raised: every caller of the batch hears why
-            log.warning("model '%s' raised: %s", self.spec.name, traceback.format_exc(limit=3))
-            status, msg = Status.INTERNAL, f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
+            status, msg = Status.INTERNAL, self.raised(e)
         t_infer = t_infer or time.monotonic_ns()
         t_output = t_output or time.monotonic_ns()
         row = 0
@@ -166,18 +202,38 @@ class Worker:
             else:
                 answers.append((status, msg, []))
             row += req.rows
-        # Statistics first: a caller that reads them after its answer sees its request.
-        srv, done = self.maps.srv, time.monotonic_ns()
-        srv.record_execution(self.model_off, len(live), row, t_infer - t_input,
-                             t_output - t_infer, done - t_output)
-        srv.record_answers(self.model_off, [(int(st), req.taken_ns)
-                                            for req, (st, _, _) in zip(live, answers)])
-        srv.add64(self.mailbox + L["mailbox.executions"], 1)
-        for req, (st, m, results) in zip(live, answers):
+        return answers, t_infer, t_output
+
+    def execute_requests(self, live: list[Request]) -> tuple[list, int, int]:
+        """Triton's python API (backend.execute_requests, python_backend.py): the requests
+        as a list, each with its inputs viewing its caller's arena (no gather), each
+        answered alone (its outputs checked and written, or its own error). Returns
+        (answers, t_infer, t_output)."""
+        ins, outs = self.spec.inputs, self.spec.outputs
+        requests = [([(ins[ref[0]].name, self.model_view(req.arena.buffer, ref))
+                      for ref in req.inputs],
+                     [outs[ref[0]].name for ref in req.outputs]) for req in live]
+        t_infer = time.monotonic_ns()
+        try:
+            results = self.backend.execute_requests(requests)
+        except Exception as e:  # the model raised: every request of the batch hears why
+            results = [(Status.INTERNAL, self.raised(e))] * len(live)
+        t_output = time.monotonic_ns()
+        answers = []
+        for req, (_, requested), result in zip(live, requests, results):
+            req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
+            if type(result) is tuple:  # (status, message): this request's error
+                answers.append((*result, []))
+                continue
             try:
-                req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
-            except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
-                log.warning("client %d: could not answer: %s", req.client_id, e)
+                answers.append(self.scatter(req, self.check_outputs(result, req.rows, requested), 0))
+            except BatchError as e:
+                answers.append((e.status, str(e), []))
+        return answers, t_infer, t_output
+
+    def raised(self, e: Exception) -> str:
+        log.warning("model '%s' raised: %s", self.spec.name, traceback.format_exc(limit=3))
+        return f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
     def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:
@@ -204,28 +260,61 @@ class Worker:
             kept.append(req)
         return kept
 
+    def view(self, buf, ref) -> np.ndarray:
+        """One input of one request: a view of its caller's arena (BYTES: parsed)."""
+        index, dtype, offset, nbytes, shape = ref
+        if dtype == BYTES:
+            return offset  # parsed by decode_bytes_inputs
+        dt = numpy_dtype(dtype)
+        return np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
+
+    def model_view(self, buf, ref) -> np.ndarray:
+        """One request's input in the shape the model takes (config reshape)."""
+        arr, spec = self.view(buf, ref), self.spec.inputs[ref[0]]
+        return arr if spec.reshape is None else reshape.to_model(spec, arr, self.batched)
+
     def gather(self, live: list[Request]) -> dict:
         per_input: list[list] = [[] for _ in self.spec.inputs]
         for req in live:
             buf = req.arena.buffer
-            for index, dtype, offset, nbytes, shape in req.inputs:
-                if dtype == BYTES:
-                    arr = offset  # parsed by decode_bytes_inputs
-                else:
-                    dt = numpy_dtype(dtype)
-                    arr = np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
-                per_input[index].append(arr)
+            for ref in req.inputs:
+                per_input[ref[0]].append(self.view(buf, ref))
         out = {}
         for spec, arrays in zip(self.spec.inputs, per_input):
-            out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return out
+            # An optional input the batch left out stays out: requests batch only with
+            # requests that give the same inputs (the shape key says which they give).
+            if arrays:
+                out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        return self.to_model(out)
 
-    def check_outputs(self, outputs, rows: int) -> dict:
+    def to_model(self, inputs: dict) -> dict:
+        """Inputs as callers send them, in the shapes the model takes (config reshape)."""
+        for spec in self.reshaped_inputs:
+            if spec.name in inputs:
+                inputs[spec.name] = reshape.to_model(spec, inputs[spec.name], self.batched)
+        return inputs
+
+    def warm(self, inputs: dict, rows: int) -> None:
+        """One warmup execution (warmup.py): the path of a batch, outputs checked."""
+        inputs = self.to_model(inputs)
+        if self.per_request:  # Triton's python API: one request through execute(requests)
+            (result,) = self.backend.execute_requests(
+                [(list(inputs.items()), [t.name for t in self.spec.outputs])])
+            if type(result) is tuple:  # (status, message): the request's error
+                raise BatchError(*result)
+            self.check_outputs(result, rows)
+            return
+        self.check_outputs(self.backend.execute(inputs), rows)
+
+    def check_outputs(self, outputs, rows: int, requested=None) -> dict:
+        """The outputs checked against the config: every one (or every one requested)."""
         if not isinstance(outputs, dict):
             raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' returned "
                              f"{type(outputs).__name__}, expected a dict of arrays")
         checked = {}
         for spec in self.spec.outputs:
+            if requested is not None and spec.name not in requested:
+                continue
             if spec.name not in outputs:
                 raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' did not produce "
                                  f"output '{spec.name}'")
@@ -242,6 +331,12 @@ class Worker:
             if self.batched and (arr.ndim < 1 or arr.shape[0] != rows):
                 raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output '{spec.name}' "
                                  f"has shape {arr.shape}, expected {rows} rows first")
+            if spec.reshape is not None:  # the model's shape back into the config's dims
+                try:
+                    arr = reshape.to_caller(spec, arr, self.batched)
+                except ValueError as e:
+                    raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
+                                     f"'{spec.name}' {e}") from None
             checked[spec.name] = arr
         return checked
 
@@ -283,7 +378,7 @@ def _clip(message: str, limit: int = ERROR_BYTES - 1) -> str:
 
 def report_load(boot: dict, message: dict) -> None:
     """The one-line load report on the handshake pipe (none for a restarted worker:
-    nobody waits for it). stdout is the server's log, free for model code."""
+    nobody waits for it). stdout is free for model code (its lines are logged)."""
     fd = boot.get("handshake_fd")
     if fd is not None:
         with os.fdopen(fd, "w") as pipe:
@@ -292,15 +387,21 @@ def report_load(boot: dict, message: dict) -> None:
 
 def main() -> None:
     boot = child_setup("worker")
-    logging.basicConfig(level=boot.get("log_level", "INFO"),
-                        format=f"[shmserve worker {boot['model']['name']}#{boot['worker_index']}] %(message)s")
+    model = boot["model"]
+    capture_model_output(f"model '{model['name']}' version {model['version']} "
+                         f"instance {boot['instance']}")
     worker = Worker(boot)
     try:
         worker.load()
     except Exception as e:
         report_load(boot, {"ready": False, "error": f"{type(e).__name__}: {e}"})
         sys.exit(3)
-    report_load(boot, {"ready": True})
+    log.debug("model '%s' version %d instance %d: loaded, taking batches", model["name"],
+              model["version"], boot["instance"])
+    report_load(boot, {"ready": True, "monotonic": time.monotonic()})
+    # The coordinator's stop (SIGTERM) ends the loop after the batch in hand (its answers
+    # and traces go out), then the model's finalize() runs, as Triton's unload does.
+    signal.signal(signal.SIGTERM, lambda *_: setattr(worker, "stopping", True))
     try:
         worker.serve_forever()
     finally:

@@ -1,0 +1,63 @@
+"""CPU contention for a benchmark: CPU-bound processes that compete with the server
+and its clients for every core.
+
+    with BusyLoad() as busy:          # one `while True: pass` process per core
+        ...                            # measure under contention
+    # stopped (SIGKILL, reaped) on the way out, whatever happened in the block
+
+Each busy process also gets SIGKILL from the kernel should the process that started
+it die first (PR_SET_PDEATHSIG), so that none outlives an interrupted run."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from shmserve import _core
+
+
+def _die_with_parent(parent: int):
+    def preexec() -> None:
+        _core.set_parent_death_signal(signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+    return preexec
+
+
+class BusyLoad:
+    """`count` CPU-bound processes (default: one per usable core), at normal priority."""
+
+    def __init__(self, count: int | None = None):
+        self.count = count if count is not None else len(os.sched_getaffinity(0))
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> BusyLoad:
+        for _ in range(self.count):
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent(os.getpid())))
+        return self
+
+    def stop(self) -> None:
+        """SIGKILL each (by its pid) and reap it."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs.clear()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def __enter__(self) -> BusyLoad:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,193 @@
+"""pb_utils.InferenceRequest and pb_utils.InferenceResponse.
+
+One InferenceRequest class serves both ways, as in Triton: the requests execute()
+receives (built by the backend, inputs viewing the callers' shared memory) and the
+BLS requests a model builds to call another model (exec() / async_exec(), bls.py).
+"""
+from __future__ import annotations
+
+from . import bls
+from .errors import NotImplementedByShmserve, TritonError, TritonModelException
+from .tensor import Tensor
+
+# Triton's flag values, for code that reads or passes them
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+_NO_PARAMETERS = "{}"
+
+
+class InferenceRequest:
+    """pb_utils.InferenceRequest(model_name=..., inputs=[Tensor...],
+    requested_output_names=[...], model_version=-1, ...).exec()"""
+
+    __slots__ = ("_model_name", "_inputs", "_requested", "_model_version", "_request_id",
+                 "_correlation_id", "_flags", "_timeout_us")
+
+    def __init__(self, model_name: str = "", inputs=(), requested_output_names=(),
+                 model_version: int = -1, request_id: str = "", correlation_id=0,
+                 flags: int = 0, timeout: int = 0, preferred_memory=None, trace=None,
+                 parameters=None):
+        if not isinstance(model_name, str) or not model_name:
+            raise TritonModelException("pb_utils.InferenceRequest: model_name must be a "
+                                       f"non-empty str, got {model_name!r}")
+        inputs = list(inputs)
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"pb_utils.InferenceRequest('{model_name}'): inputs must be pb_utils.Tensor "
+                    f"objects, got {type(t).__name__}")
+        if isinstance(requested_output_names, str):
+            raise TritonModelException(
+                f"pb_utils.InferenceRequest('{model_name}'): requested_output_names must be a "
+                f"list of names, got the str {requested_output_names!r}")
+        if flags:
+            raise NotImplementedByShmserve("pb_utils.InferenceRequest(flags=...)",
+                                           "sequence batching")
+        if correlation_id:
+            raise NotImplementedByShmserve("pb_utils.InferenceRequest(correlation_id=...)",
+                                           "sequence batching")
+        if parameters:
+            raise NotImplementedByShmserve("pb_utils.InferenceRequest(parameters=...)",
+                                           "shmserve's protocol carries no request parameters")
+        if preferred_memory is not None:
+            raise NotImplementedByShmserve("pb_utils.InferenceRequest(preferred_memory=...)",
+                                           "BLS outputs are host memory")
+        if trace is not None:  # request.trace() is None here: passing it on is fine
+            raise NotImplementedByShmserve("pb_utils.InferenceRequest(trace=...)",
+                                           "request tracing")
+        self._model_name = model_name
+        self._inputs = inputs
+        self._requested = list(requested_output_names)
+        self._model_version = int(model_version)
+        self._request_id = str(request_id)
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout_us = int(timeout)
+
+    # -- what a request holds -----------------------------------------------------
+    def inputs(self) -> list:
+        return self._inputs
+
+    def requested_output_names(self) -> list:
+        return self._requested
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout_us
+
+    def parameters(self) -> str:
+        """The request's parameters as a JSON object string, as Triton gives them.
+        shmserve's protocol carries none: always "{}"."""
+        return _NO_PARAMETERS
+
+    def is_cancelled(self) -> bool:
+        return False  # shmserve's protocol has no cancellation: a request runs to its answer
+
+    def trace(self):
+        return None
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+            raise NotImplementedByShmserve("request.set_release_flags(RESCHEDULE)",
+                                           "requests are not rescheduled")
+
+    def get_response_sender(self):
+        raise NotImplementedByShmserve("request.get_response_sender()",
+                                       "decoupled models: each request gets exactly one response,"
+                                       " returned from execute()")
+
+    # -- BLS -------------------------------------------------------------------------
+    def exec(self, decoupled: bool = False) -> "InferenceResponse":
+        """Runs this request on its model through the server (bls.py) and returns
+        its InferenceResponse; errors come back as response.error(), never raised."""
+        if decoupled:
+            raise NotImplementedByShmserve("InferenceRequest.exec(decoupled=True)",
+                                           "decoupled models")
+        return bls.execute(self)
+
+    async def async_exec(self, decoupled: bool = False) -> "InferenceResponse":
+        """exec() for `async def execute`: await it (or asyncio.gather several)."""
+        if decoupled:
+            raise NotImplementedByShmserve("InferenceRequest.async_exec(decoupled=True)",
+                                           "decoupled models")
+        return await bls.execute_async(self)
+
+
+def incoming(inputs: list, requested: list) -> InferenceRequest:
+    """A request execute() receives (no checks: the batcher validated it)."""
+    r = _new(InferenceRequest)
+    r._model_name, r._inputs, r._requested, r._model_version = "", inputs, requested, -1
+    r._request_id, r._correlation_id, r._flags, r._timeout_us = "", 0, 0, 0
+    return r
+
+
+_new = object.__new__
+
+
+class InferenceResponse:
+    """pb_utils.InferenceResponse(output_tensors=[Tensor...], error=None)."""
+
+    __slots__ = ("_outputs", "_error")
+
+    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
+        if output_tensors is None:
+            output_tensors = []
+        elif type(output_tensors) is not list:
+            if not isinstance(output_tensors, (list, tuple)):
+                raise TritonModelException("pb_utils.InferenceResponse: output_tensors must be a "
+                                           f"list of pb_utils.Tensor, got "
+                                           f"{type(output_tensors).__name__}")
+            output_tensors = list(output_tensors)
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException("pb_utils.InferenceResponse: error must be a "
+                                       f"pb_utils.TritonError, got {type(error).__name__}")
+        if parameters:
+            raise NotImplementedByShmserve("pb_utils.InferenceResponse(parameters=...)",
+                                           "shmserve's protocol carries no response parameters")
+        self._outputs = output_tensors
+        self._error = error
+
+    def output_tensors(self) -> list:
+        return self._outputs
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return _NO_PARAMETERS
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            return f"InferenceResponse(error={self._error!r})"
+        return f"InferenceResponse({self._outputs!r})"
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    """The request's input Tensor called `name`, or None."""
+    for tensor in inference_request.inputs():
+        if tensor._name == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    """The response's output Tensor called `name`, or None."""
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
