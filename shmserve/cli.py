@@ -55,6 +55,24 @@ def metrics_options(args) -> dict:
             "metrics_config": config, "metrics_interval_ms": args.metrics_interval_ms}
 
 
+def http_options(args) -> dict:
+    """--http-port / --allow-http / --http-address / --http-thread-count as ServeOptions
+    fields: the HTTP front (KServe v2) is served when a port is given or
+    --allow-http=true (then on 8000, Triton's port); off by default, like metrics."""
+    port = args.http_port
+    if args.allow_http is False:
+        port = None
+    elif args.allow_http and port is None:
+        port = 8000
+    if port is not None and not 0 < port <= 65535:
+        raise SystemExit(f"shmserve serve: --http-port {port} is not a port number (1-65535)")
+    if args.http_thread_count < 1:
+        raise SystemExit(f"shmserve serve: --http-thread-count must be at least 1, "
+                         f"not {args.http_thread_count}")
+    return {"http_port": port, "http_address": args.http_address,
+            "http_thread_count": args.http_thread_count}
+
+
 def _log_format(text: str) -> str:
     from .logs import parse_format
 
@@ -97,7 +115,7 @@ def trace_options(args) -> dict:
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
-    return run(ServeOptions(**metrics_options(args), **trace_options(args),
+    return run(ServeOptions(**metrics_options(args), **trace_options(args), **http_options(args),
                             model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
@@ -393,6 +411,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--idle-check-ms", type=int, default=100,
                    help="how often an idle batcher checks that the coordinator lives; requests "
                         "never wait for it (a worker going idle rings the batcher)")
+    s.add_argument("--http-port", type=int, default=None,
+                   help="serve KServe v2 HTTP/REST (Triton's endpoints, docs/operating.md) "
+                        "on this port")
+    s.add_argument("--allow-http", type=_bool, default=None, nargs="?", const=True,
+                   metavar="BOOL", help="true: serve HTTP (on --http-port, else 8000); "
+                   "false: never, even with --http-port")
+    s.add_argument("--http-address", default="127.0.0.1",
+                   help="address for the HTTP front (loopback unless told otherwise)")
+    s.add_argument("--http-thread-count", type=int, default=1, metavar="N",
+                   help="HTTP front processes sharing the port (SO_REUSEPORT), each a client "
+                        "of the engine; more of them use more cores")
     s.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics (Triton's families) on this port")
     s.add_argument("--metrics-address", default="127.0.0.1",

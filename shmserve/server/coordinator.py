@@ -61,6 +61,9 @@ class ServeOptions:
     # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
     auto_complete_config: bool = True  # Triton's default; --disable-auto-complete-config
     trace: TraceConfig | None = None  # --trace-config (tracing.py); None or level OFF: none
+    http_port: int | None = None  # KServe v2 HTTP front (shmserve/front/); off unless given
+    http_address: str = "127.0.0.1"
+    http_thread_count: int = 1  # front processes sharing the port (SO_REUSEPORT)
 
     def log_options(self) -> LogOptions:
         return LogOptions.with_level(
@@ -101,6 +104,7 @@ class Coordinator(ControlPlane, Supervisor):
         self.ring_capacity = 0
         self.stopping = False
         self.traces = None  # tracing.TraceSink while --trace-config traces
+        self.http_claim: socket.socket | None = None  # --http-port, bound before the start
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -124,6 +128,20 @@ class Coordinator(ControlPlane, Supervisor):
                 log.info("cleaned %d segments of a dead server (pid %s)", len(removed), rec["pid"])
         self.sock_path.unlink(missing_ok=True)
         self.owns_name = True
+
+    def claim_http_port(self) -> None:
+        """Binds --http-port (SO_REUSEPORT, never listening: it gets no connection) so
+        that a port taken by another program stops the start at once, naming it."""
+        o = self.opts
+        family = socket.AF_INET6 if ":" in o.http_address else socket.AF_INET
+        self.http_claim = socket.socket(family, socket.SOCK_STREAM)
+        self.http_claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.http_claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            self.http_claim.bind((o.http_address, o.http_port))
+        except OSError as e:
+            raise ConfigError(f"--http-port {o.http_port} (--http-address {o.http_address}): "
+                              f"{e.strerror or e}") from None
 
     def create_segments(self) -> None:
         o = self.opts
@@ -221,6 +239,8 @@ class Coordinator(ControlPlane, Supervisor):
             rec = read_record(self.opts.name)
             if rec and rec.get("pid") == os.getpid():
                 record_path(self.opts.name).unlink(missing_ok=True)
+        if self.http_claim is not None:
+            self.http_claim.close()
         if self.owns_name:
             log.info("server stopped: '%s', segments removed", self.opts.name)
 
@@ -273,6 +293,8 @@ class Coordinator(ControlPlane, Supervisor):
         if self.gid is not None:
             share_with_group(self.sock_path, self.gid, 0o660)
             log.info("clients of group %s (gid %d) are allowed", self.opts.group, self.gid)
+        if self.opts.http_port is not None:
+            await self.start_fronts()
         self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
         ready = sum(state == "READY" for state in self.model_state.values())
         log.info("server ready: '%s', control socket %s, %d of %d model%s READY", self.opts.name,
@@ -302,6 +324,9 @@ class Coordinator(ControlPlane, Supervisor):
         await stop.wait()
         log.info("server stopping: '%s' (%s)", self.opts.name, stopped_by[0])
         server.close()  # no new lease; the open ones stay, so their requests can be answered
+        for child in self.children:  # fronts take no new request; theirs in flight drain
+            if child.role == "front" and child.proc and child.proc.poll() is None:
+                child.proc.terminate()
         await self.drain(force)
         self.stopping = True  # the connections closed now are closed by the server
         self.control.ops.store32(L["control.server_state"], P.ServerState.STOPPED)
@@ -355,6 +380,8 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
+        if opts.http_port is not None:
+            coord.claim_http_port()
         coord.specs, coord.broken = load_models(opts)
         coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
         coord.create_segments()

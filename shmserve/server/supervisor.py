@@ -19,6 +19,7 @@ import time
 import typing
 
 from .. import protocol as P
+from ..errors import ConfigError
 from ..protocol import LAYOUT as L
 
 log = logging.getLogger("shmserve.coordinator")
@@ -27,7 +28,7 @@ CRASH_LOOP = (5, 60.0)  # a worker that exits this many times in this many secon
 
 @dataclasses.dataclass
 class Child:
-    role: str  # "batcher" or "worker"
+    role: str  # "batcher", "worker" or "front" (shmserve/front/http.py)
     boot: dict
     proc: subprocess.Popen | None = None
     restarts: int = 0
@@ -38,6 +39,8 @@ class Child:
     def describe(self) -> str:
         """What the log names it by: its model instance (a worker) and its pid."""
         pid = f"pid {self.proc.pid}" if self.proc else "not running"
+        if self.role == "front":
+            return f"HTTP front {self.boot['index']}, {pid}"
         if self.role != "worker":
             return pid
         m = self.boot["model"]
@@ -67,8 +70,9 @@ class Supervisor:
         # A worker's trace pipe (boot "trace") stays open here for its restarts.
         shared = (boot["trace"]["fd"],) if "trace" in boot else ()
         try:
+            module = "shmserve.front.http" if child.role == "front" else f"shmserve.server.{child.role}"
             child.proc = subprocess.Popen(
-                [sys.executable, "-m", f"shmserve.server.{child.role}"], stdin=subprocess.PIPE,
+                [sys.executable, "-m", module], stdin=subprocess.PIPE,
                 stdout=sys.stderr.fileno(), pass_fds=keep + shared)
         except BaseException:
             if handshake:
@@ -139,6 +143,29 @@ class Supervisor:
                          spec.version, spec.instance_count, "s" * (spec.instance_count != 1),
                          load_s[model_id])
             self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))
+
+    async def start_fronts(self) -> None:
+        """Starts the HTTP fronts (--http-thread-count of them) once the control
+        socket accepts their leases; waits until each listens, or says why not."""
+        o = self.opts
+        arena = min(max(o.default_arena_bytes, 256 << 20), o.max_arena_bytes)
+        deadline = time.monotonic() + o.load_timeout_s
+        fronts = [Child("front", self.boot_message(
+            index=i, address=o.http_address, port=o.http_port, arena_bytes=arena))
+            for i in range(o.http_thread_count)]
+        loop = asyncio.get_running_loop()
+        for child in fronts:
+            self.spawn(child, handshake=True)
+            self.children.append(child)
+        for child in fronts:  # in a thread: this loop must answer their hellos meanwhile
+            msg = await loop.run_in_executor(None, self.read_handshake, child, deadline)
+            child.handshake.close()
+            child.handshake = None
+            if not msg.get("ready"):
+                raise ConfigError(f"HTTP front {child.boot['index']} did not start: "
+                                  f"{msg.get('error') or describe_exit(child.proc.wait())}")
+        log.info("HTTP service on http://%s:%d (%d front process%s)", o.http_address,
+                 o.http_port, len(fronts), "es" * (len(fronts) != 1))
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Restarts children that exit, with a backoff that grows with their recent

@@ -1,0 +1,1 @@
+"""Network fronts: processes that serve the engine to callers over HTTP (KServe v2)."""

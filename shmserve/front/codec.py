@@ -1,0 +1,280 @@
+"""KServe v2 / Open Inference Protocol bodies over HTTP, as Triton reads and writes them:
+the JSON request (tensors as flat or nested lists) and the binary tensor data
+extension (a JSON header of Inference-Header-Content-Length bytes, then each input
+with a "binary_data_size" parameter, in order), and the response the same two ways.
+
+Inputs sent as binary data are written from the body's chunks straight into arrays
+of the front's shared arena (`empty`, Client.empty): the one copy on the way in.
+Binary outputs go out as views of the arena: no copy on the way out.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from .. import protocol as P
+
+
+class BadRequest(Exception):
+    """The request is malformed: answered 400 with this text as Triton's {"error": ...}."""
+
+
+class Unsupported(BadRequest):
+    """The request asks for something this front does not serve (yet), named in the text."""
+
+
+# Request-level and per-tensor parameters other than these are refused by name, so that
+# nothing a caller asks for is silently ignored.
+REQUEST_PARAMETERS = {"binary_data_output"}
+INPUT_PARAMETERS = {"binary_data_size"}
+OUTPUT_PARAMETERS = {"binary_data"}
+NOT_YET = {  # parameter -> the extension it belongs to
+    "shared_memory_region": "system/CUDA shared memory extension",
+    "shared_memory_byte_size": "system/CUDA shared memory extension",
+    "shared_memory_offset": "system/CUDA shared memory extension",
+    "classification": "classification extension",
+    "sequence_id": "sequence extension", "sequence_start": "sequence extension",
+    "sequence_end": "sequence extension",
+    "priority": "schedule policy extension", "timeout": "schedule policy extension",
+}
+
+
+def _check_parameters(params, allowed: set, where: str) -> dict:
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"{where}: 'parameters' must be a JSON object")
+    for key in params:
+        if key in allowed:
+            continue
+        if key in NOT_YET:
+            raise Unsupported(f"{where}: parameter '{key}' ({NOT_YET[key]}) is not supported "
+                              "by shmserve's HTTP front yet")
+        raise Unsupported(f"{where}: parameter '{key}' is not supported by shmserve's HTTP front")
+    return params
+
+
+def numpy_dtype(datatype, where: str) -> np.dtype:
+    code = P.DTYPE_CODES.get(datatype) if isinstance(datatype, str) else None
+    if code is None:
+        raise BadRequest(f"{where}: unknown datatype '{datatype}' "
+                         f"(one of {', '.join(P.DTYPE_CODES)})")
+    try:
+        return P.numpy_dtype(code)
+    except (KeyError, TypeError):  # BF16 without ml_dtypes
+        raise Unsupported(f"{where}: datatype {datatype} needs the ml_dtypes package "
+                          "on the server") from None
+
+
+class InputTensor:
+    """One input of a request: where its binary bytes go (`sink`, a writable uint8
+    view), or its decoded JSON data."""
+
+    __slots__ = ("name", "shape", "datatype", "dtype", "binary_size", "sink", "value",
+                 "value_array")
+
+    def finish(self):
+        """The array the engine is given."""
+        if self.value is not None:
+            return self.value
+        if self.datatype == "BYTES":
+            try:
+                return P.decode_bytes(self.sink, self.shape)
+            except ValueError as e:
+                raise BadRequest(f"input '{self.name}': {e}") from None
+        return self.value_array
+
+
+def parse_header(raw: bytes) -> dict:
+    try:
+        header = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(header, dict):
+        raise BadRequest("failed to parse the request JSON buffer: not a JSON object")
+    return header
+
+
+def plan_inputs(header: dict, empty) -> list[InputTensor]:
+    """The inputs of a parsed request; binary ones get their sink (from `empty(shape,
+    dtype)`, an arena array, for fixed-size types), JSON ones their array."""
+    _check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request")
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise BadRequest("request has no 'inputs' (a non-empty JSON array)")
+    planned, seen = [], set()
+    for i, spec in enumerate(inputs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise BadRequest(f"input {i}: an object with a string 'name' is required")
+        t = InputTensor()
+        t.name = spec["name"]
+        where = f"input '{t.name}'"
+        if t.name in seen:
+            raise BadRequest(f"{where} is given twice")
+        seen.add(t.name)
+        shape = spec.get("shape")
+        if (not isinstance(shape, list) or
+                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers, "
+                             f"got {shape!r}")
+        t.shape, t.datatype = tuple(shape), spec.get("datatype")
+        t.dtype = numpy_dtype(t.datatype, where)
+        params = _check_parameters(spec.get("parameters"), INPUT_PARAMETERS, where)
+        count = math.prod(t.shape)
+        t.sink = t.value = None
+        if "binary_data_size" in params:
+            size = params["binary_data_size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise BadRequest(f"{where}: 'binary_data_size' must be a non-negative integer")
+            if "data" in spec:
+                raise BadRequest(f"{where}: has both 'data' and 'binary_data_size'")
+            t.binary_size = size
+            if t.datatype == "BYTES":
+                t.sink = memoryview(bytearray(size))
+            else:
+                expected = count * t.dtype.itemsize
+                if size != expected:
+                    raise BadRequest(f"{where}: unexpected binary_data_size {size}: shape "
+                                     f"{list(t.shape)} of {t.datatype} is {expected} bytes")
+                arr = empty(t.shape, t.dtype) if size else np.empty(t.shape, t.dtype)
+                t.value_array = arr
+                t.sink = memoryview(arr.reshape(-1).view(np.uint8))
+        else:
+            if "data" not in spec:
+                raise BadRequest(f"{where}: has neither 'data' nor a 'binary_data_size' parameter")
+            t.binary_size = 0
+            t.value = json_array(spec["data"], t, count)
+        planned.append(t)
+    return planned
+
+
+def json_array(data, t: InputTensor, count: int) -> np.ndarray:
+    """A JSON input's array: data flat or nested (row-major), BYTES as strings."""
+    where = f"input '{t.name}'"
+    if t.datatype == "BYTES":
+        flat = _flatten(data)
+        if not all(isinstance(x, str) for x in flat):
+            raise BadRequest(f"{where}: BYTES data must be strings")
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = [x.encode() for x in flat]
+    else:
+        try:
+            arr = np.asarray(data, dtype=t.dtype).reshape(-1)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise BadRequest(f"{where}: data is not {t.datatype}: {e}") from None
+        if t.datatype == "BOOL" and not all(isinstance(x, bool) for x in _flatten(data)):
+            raise BadRequest(f"{where}: BOOL data must be true or false")
+    if arr.size != count:
+        raise BadRequest(f"{where}: shape {list(t.shape)} needs {count} elements, data has "
+                         f"{arr.size}")
+    return arr.reshape(t.shape)
+
+
+def _flatten(data) -> list:
+    if not isinstance(data, list):
+        return [data]
+    out = []
+    stack = [iter(data)]
+    while stack:
+        for x in stack[-1]:
+            if isinstance(x, list):
+                stack.append(iter(x))
+                break
+            out.append(x)
+        else:
+            stack.pop()
+    return out
+
+
+class BinaryFiller:
+    """Routes the body's bytes after the JSON header into the binary inputs' sinks, in
+    the order the inputs are listed; complains of a short or long binary section."""
+
+    def __init__(self, inputs: list[InputTensor]):
+        self.targets = [t for t in inputs if t.binary_size]
+        self.index, self.pos = 0, 0
+
+    def feed(self, chunk) -> None:
+        mv = memoryview(chunk)
+        while mv:
+            if self.index >= len(self.targets):
+                raise BadRequest("unexpected additional input data: the body is longer than "
+                                 "the JSON header and the binary_data_size of its inputs")
+            t = self.targets[self.index]
+            n = min(len(mv), t.binary_size - self.pos)
+            t.sink[self.pos:self.pos + n] = mv[:n]
+            self.pos += n
+            mv = mv[n:]
+            if self.pos == t.binary_size:
+                self.index, self.pos = self.index + 1, 0
+
+    def close(self) -> None:
+        if self.index < len(self.targets):
+            t = self.targets[self.index]
+            raise BadRequest(f"unexpected end of input data: input '{t.name}' declares "
+                             f"binary_data_size {t.binary_size}, the body holds {self.pos} of them")
+
+
+def wanted_outputs(header: dict) -> tuple[list[str] | None, dict]:
+    """Names of the outputs asked for (None: all) and, per name, whether it goes back
+    as binary data (else the request's binary_data_output, default JSON)."""
+    default = bool((header.get("parameters") or {}).get("binary_data_output", False))
+    outputs = header.get("outputs")
+    if outputs is None:
+        return None, {"*": default}
+    if not isinstance(outputs, list):
+        raise BadRequest("'outputs' must be a JSON array")
+    names, binary = [], {"*": default}
+    for i, spec in enumerate(outputs):
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise BadRequest(f"output {i}: an object with a string 'name' is required")
+        where = f"output '{spec['name']}'"
+        params = _check_parameters(spec.get("parameters"), OUTPUT_PARAMETERS, where)
+        names.append(spec["name"])
+        binary[spec["name"]] = bool(params.get("binary_data", default))
+    return names, binary
+
+
+def _json_values(arr: np.ndarray, datatype: str) -> list:
+    flat = arr.reshape(-1)
+    if datatype == "BYTES":
+        out = []
+        for x in flat:
+            b = x if isinstance(x, bytes) else bytes(x)
+            try:
+                out.append(b.decode())
+            except UnicodeDecodeError:  # Triton sends such bytes as binary data only
+                raise BadRequest("an output of BYTES that are not UTF-8 text can only be "
+                                 "returned as binary data (binary_data: true)") from None
+        return out
+    if datatype in ("FP16", "BF16"):
+        return flat.astype(np.float32).tolist()
+    return flat.tolist()
+
+
+def encode_response(result, datatypes: dict, binary: dict, request_id) -> tuple[list, int | None]:
+    """(body parts, JSON header length or None when no output is binary). Parts after
+    the JSON header are views of the arena (they keep the result's memory alive)."""
+    outputs, tails = [], []
+    for name in result:
+        arr = result[name]
+        datatype = datatypes[name]
+        entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        if binary.get(name, binary["*"]):
+            if datatype == "BYTES":
+                data = P.encode_bytes(arr)
+            else:
+                data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+            entry["parameters"] = {"binary_data_size": len(data)}
+            tails.append(data)
+        else:
+            entry["data"] = _json_values(arr, datatype)
+        outputs.append(entry)
+    body = {"model_name": result.model_name, "model_version": str(result.model_version),
+            "outputs": outputs}
+    if request_id is not None:
+        body["id"] = request_id
+    head = json.dumps(body, separators=(",", ":")).encode()
+    return [head, *tails], (len(head) if tails else None)

@@ -1,0 +1,326 @@
+"""The HTTP/REST front (`shmserve serve --http-port`): KServe v2 / Open Inference
+Protocol as Triton serves it, for callers that are not on this machine's shared memory
+(tritonclient.http, load balancers, Kubernetes probes).
+
+    python -m shmserve.front.http   (started by the coordinator; boot message on stdin)
+
+A front is one process and one client lease of the engine: it decodes request bodies
+straight into its arena (codec.py) and sends the views of the answers back. Several
+fronts (--http-thread-count) each listen on the port with SO_REUSEPORT, so the kernel
+spreads connections over them. HTTP parsing is uvicorn's with httptools, on uvloop
+(chosen by bench/http_stacks.py; the app below is plain ASGI).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+import zlib
+
+from .. import __version__, errors
+from .. import protocol as P
+from ..client import Client
+from ..server.statistics import triton_only
+from . import codec
+
+log = logging.getLogger("shmserve.front")
+
+# What GET /v2 lists: the extensions this front serves, by Triton's names.
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
+# Triton's endpoints this front does not serve yet: answered 501, naming the extension.
+NOT_YET = [
+    (re.compile(r"^/v2/repository(/|$)"), "model repository extension"),
+    (re.compile(r"^/v2/systemsharedmemory(/|$)"), "system shared memory extension"),
+    (re.compile(r"^/v2/cudasharedmemory(/|$)"), "CUDA shared memory extension"),
+    (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting$"), "trace extension"),
+    (re.compile(r"^/v2/logging$"), "logging extension"),
+    (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$"), "generate extension"),
+]
+MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+                   r"(?P<what>/ready|/config|/stats|/infer)?$")
+CONTROL_TIMEOUT_S = 10.0  # a control call not answered by then: 503, never a hang
+MAX_HEADER_BYTES = 64 << 20  # the JSON part of a request (JSON tensors included)
+
+_STATUS = {P.Status.INVALID_ARG: 400, P.Status.NOT_FOUND: 404, P.Status.UNAVAILABLE: 503,
+           P.Status.BUSY: 503, P.Status.SERVER_DEAD: 503, P.Status.TIMEOUT: 503}
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _not_found_message(model: str, version) -> str:
+    """Triton's words for a model (or version) it does not serve."""
+    what = f"'{model}'" if version is None else f"'{model}' version {version}"
+    return f"Request for unknown model: {what} is not found"
+
+
+class Front:
+    """The ASGI application: routes, then the engine's answer in Triton's shape."""
+
+    def __init__(self, client: Client, max_in_flight: int):
+        self.client = client
+        # submit() waits (blocking) for a free slot or arena space: never let this
+        # process ask for more than its lease holds, so the loop is never blocked.
+        self.in_flight = asyncio.Semaphore(max_in_flight)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            status, body, headers = await self.route(scope, receive)
+        except HttpError as e:
+            status, body, headers = e.status, _error(e.message), {}
+        except codec.BadRequest as e:
+            status, body, headers = 400, _error(str(e)), {}
+        except errors.ShmServeError as e:
+            status, body, headers = _STATUS.get(e.code, 500), _error(e.msg), {}
+        except Exception as e:  # a bug here: answered, logged, the front goes on
+            log.exception("HTTP %s %s", scope["method"], scope["path"])
+            status, body, headers = 500, _error(f"internal error: {type(e).__name__}: {e}"), {}
+        await _send(send, status, body, headers)
+
+    async def control(self, fn, *args):
+        """A control-plane call of the engine, in a thread, bounded in time."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args),
+                                          CONTROL_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise HttpError(503, f"the server did not answer within {CONTROL_TIMEOUT_S:g} s") from None
+
+    async def route(self, scope, receive):
+        method, path = scope["method"], scope["path"].rstrip("/") or "/"
+        if path == "/v2/health/live":
+            _method(method, "GET")
+            await self.control(self.client.models)  # the engine answers: live
+            return 200, b"", {}
+        if path == "/v2/health/ready":
+            _method(method, "GET")
+            models = await self.control(self.client.models)
+            ready = bool(models) and all(m["state"] == "READY" for m in models)
+            return (200 if ready else 400), b"", {}
+        if path == "/v2":
+            _method(method, "GET")
+            return 200, _json({"name": "shmserve", "version": __version__,
+                               "extensions": EXTENSIONS}), {}
+        if path == "/v2/models/stats":
+            _method(method, "GET")
+            return 200, await self.stats(None, None), {}
+        for pattern, extension in NOT_YET:
+            if pattern.match(path):
+                raise HttpError(501, f"the {extension} is not supported by shmserve's HTTP "
+                                     f"front yet ({method} {path})")
+        m = MODEL.match(path)
+        if m is None:
+            raise HttpError(404, f"no such endpoint: {method} {path}")
+        model, what = m["model"], m["what"]
+        version = None
+        if m["version"] is not None:
+            if not m["version"].isdigit():
+                raise HttpError(400, f"model '{model}': version '{m['version']}' is not a "
+                                     "non-negative integer")
+            version = int(m["version"]) or None  # 0 or none: the highest, as Triton
+        if what == "/infer":
+            _method(method, "POST")
+            return await self.infer(scope, receive, model, version)
+        _method(method, "GET")
+        if what == "/stats":
+            return 200, await self.stats(model, version), {}
+        try:
+            if what == "/ready":
+                meta = await self.control(self.client.model_metadata, model, version)
+                return (200 if meta["state"] == "READY" else 400), b"", {}
+            if what == "/config":
+                from ..pb_utils.config import config_dict
+                from ..server.repository import parse_config
+
+                text = await self.control(self.client.model_config, model, version)
+                return 200, _json(config_dict(parse_config(text, f"model '{model}'"))), {}
+            return 200, _json(await self.metadata(model, version)), {}
+        except errors.ModelNotFoundError:
+            raise HttpError(404, _not_found_message(model, version)) from None
+
+    async def metadata(self, model: str, version) -> dict:
+        meta = await self.control(self.client.model_metadata, model, version)
+        if version is None:
+            versions = sorted(m["version"] for m in await self.control(self.client.models)
+                              if m["name"] == model)
+        else:
+            versions = [meta["version"]]
+        return {"name": meta["name"], "versions": [str(v) for v in versions],
+                "platform": meta["platform"],
+                "inputs": [{k: t[k] for k in ("name", "datatype", "shape")} for t in meta["inputs"]],
+                "outputs": [{k: t[k] for k in ("name", "datatype", "shape")} for t in meta["outputs"]]}
+
+    async def stats(self, model, version) -> bytes:
+        try:
+            stats = await self.control(self.client.statistics, model, version)
+        except errors.ModelNotFoundError:
+            raise HttpError(404, _not_found_message(model, version)) from None
+        return _json({"model_stats": [triton_only(s) for s in stats]})
+
+    async def infer(self, scope, receive, model: str, version):
+        headers = dict(scope["headers"])
+        header_len = headers.get(b"inference-header-content-length")
+        if header_len is not None:
+            try:
+                header_len = int(header_len)
+                if header_len < 0:
+                    raise ValueError
+            except ValueError:
+                raise codec.BadRequest("Inference-Header-Content-Length must be a non-negative "
+                                       f"integer, got {header_len.decode(errors='replace')!r}") from None
+        encoding = headers.get(b"content-encoding", b"identity").decode(errors="replace").lower()
+        chunks = _body(receive)
+        if encoding in ("gzip", "deflate"):
+            chunks = _inflate(chunks, encoding)
+        elif encoding != "identity":
+            raise HttpError(415, f"unsupported Content-Encoding '{encoding}' (gzip, deflate)")
+        # The JSON header first: it says where the binary inputs go.
+        head = bytearray()
+        rest = b""
+        async for chunk in chunks:
+            head += chunk
+            if header_len is not None and len(head) >= header_len:
+                rest = bytes(head[header_len:])
+                del head[header_len:]
+                break
+            if len(head) > MAX_HEADER_BYTES:
+                raise HttpError(413, f"the request's JSON is larger than {MAX_HEADER_BYTES} bytes")
+        if header_len is not None and len(head) < header_len:
+            raise codec.BadRequest(f"unexpected end of request: Inference-Header-Content-Length "
+                                   f"is {header_len}, the body has {len(head)} bytes")
+        header = codec.parse_header(bytes(head))
+        try:
+            inputs = codec.plan_inputs(header, self.client.empty)
+        except errors.ShmServeError as e:
+            raise HttpError(_STATUS.get(e.code, 500), e.msg) from None
+        filler = codec.BinaryFiller(inputs)
+        if filler.targets and header_len is None:
+            raise codec.BadRequest("binary_data_size given without an "
+                                   "Inference-Header-Content-Length header")
+        if rest:
+            filler.feed(rest)
+        async for chunk in chunks:
+            filler.feed(chunk)
+        filler.close()
+        names, binary = codec.wanted_outputs(header)
+        arrays = {t.name: t.finish() for t in inputs}
+        async with self.in_flight:
+            try:
+                result = await self.client.infer_async(model, arrays, names, version)
+            except errors.ModelNotFoundError:
+                raise HttpError(404, _not_found_message(model, version)) from None
+        datatypes = {t["name"]: t["datatype"] for t in
+                     self.client.engine.plan(model, version).meta["outputs"]}
+        parts, json_len = codec.encode_response(result, datatypes, binary, header.get("id"))
+        if json_len is None:
+            return 200, parts[0], {}
+        return 200, parts, {b"content-type": b"application/octet-stream",
+                            b"inference-header-content-length": str(json_len).encode()}
+
+
+async def _body(receive):
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise HttpError(400, "the client closed the connection before the request's end")
+        body = message.get("body", b"")
+        if body:
+            yield body
+        if not message.get("more_body", False):
+            return
+
+
+async def _inflate(chunks, encoding: str):
+    inflater = zlib.decompressobj(wbits=31 if encoding == "gzip" else 15)
+    try:
+        async for chunk in chunks:
+            out = inflater.decompress(chunk)
+            if out:
+                yield out
+        tail = inflater.flush()
+    except zlib.error as e:
+        raise codec.BadRequest(f"the body is not valid {encoding} data: {e}") from None
+    if tail:
+        yield tail
+
+
+def _method(method: str, allowed: str) -> None:
+    if method != allowed:
+        raise HttpError(405, f"method {method} is not allowed here (use {allowed})")
+
+
+def _json(obj) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def _error(message: str) -> bytes:
+    return _json({"error": message})
+
+
+async def _send(send, status: int, body, headers: dict) -> None:
+    parts = body if isinstance(body, list) else [body]
+    head = {b"content-type": b"application/json", **headers,
+            b"content-length": str(sum(len(p) for p in parts)).encode()}
+    await send({"type": "http.response.start", "status": status, "headers": list(head.items())})
+    for i, part in enumerate(parts):
+        await send({"type": "http.response.body", "body": part, "more_body": i < len(parts) - 1})
+
+
+def listen(address: str, port: int) -> socket.socket:
+    """The front's listening socket: SO_REUSEPORT, so that every front binds the port
+    and the kernel spreads connections over them."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((address, port))
+    sock.listen(2048)
+    return sock
+
+
+def main() -> None:
+    import uvicorn
+    import uvloop
+
+    from ..server.maps import child_setup
+    from ..server.worker import report_load
+
+    boot = child_setup("front")
+    try:
+        client = Client(boot["server_name"], socket_path_=boot["socket"],
+                        arena_bytes=boot["arena_bytes"])
+        sock = listen(boot["address"], boot["port"])
+    except (errors.ShmServeError, OSError) as e:
+        why = e.msg if isinstance(e, errors.ShmServeError) else \
+            f"http {boot['address']}:{boot['port']}: {e.strerror or e}"
+        report_load(boot, {"ready": False, "error": why})
+        log.error("HTTP front %d: %s", boot["index"], why)
+        raise SystemExit(3)
+    config = uvicorn.Config(Front(client, boot["slots_per_client"]), http="httptools",
+                            lifespan="off", log_config=None, access_log=False,
+                            server_header=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+
+    async def serve():
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.005)
+        report_load(boot, {"ready": server.started})
+        await task
+
+    try:
+        uvloop.run(serve())
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
