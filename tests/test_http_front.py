@@ -1,0 +1,380 @@
+"""The HTTP/REST front (shmserve/front/http.py) with Triton's own client,
+tritonclient.http: health, metadata, config, infer (JSON and binary tensor data,
+every dtype, BYTES), errors as Triton words them, statistics; a killed front is
+restarted; a stopped server leaves nothing behind (the fixtures' teardown checks)."""
+from __future__ import annotations
+
+import concurrent.futures
+import gzip
+import http.client
+import json
+import os
+import signal
+
+import numpy as np
+import psutil
+import pytest
+
+import helpers
+from helpers import poll_until, python_config, write_model
+from shmserve_bench.harness import unique_name
+from test_metrics import free_port
+
+th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+# Types tested end to end through an identity model each (BF16 needs ml_dtypes).
+DTYPES = [d for d in helpers.DTYPES if d != "BF16" or helpers.HAVE_BF16]
+
+
+def setup_models(repo) -> None:
+    for dt in DTYPES:
+        write_model(repo, f"id_{dt}", python_config(f"id_{dt}", dt, (-1,), max_batch_size=8),
+                    helpers.IDENTITY_CODE)
+
+
+def fronts_of(server) -> list[int]:
+    """Pids of the server's HTTP front processes."""
+    try:
+        children = psutil.Process(server.pid).children()
+    except psutil.NoSuchProcess:
+        return []
+    pids = []
+    for p in children:
+        try:  # a killed front is a zombie until the coordinator reaps it
+            if p.status() != psutil.STATUS_ZOMBIE and "shmserve.front.http" in p.cmdline():
+                pids.append(p.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
+def wait_live(server, port: int):
+    """A client of the server's HTTP front, once the front answers."""
+    client = th.InferenceServerClient(f"127.0.0.1:{port}")
+    assert poll_until(lambda: _live(client), 60), server.log()
+    return client
+
+
+def start_http(server_factory, threads: int = 1, models=("simple", "identity"), setup=None):
+    port = free_port()
+    server = server_factory(models=models, setup=setup, args=["--http-port", port,
+                                                 "--http-thread-count", threads])
+    return server, wait_live(server, port), port
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory, mlp_onnx):
+    """One server with an HTTP front for the tests that only send requests: simple,
+    identity and an identity model per dtype."""
+    repo = tmp_path_factory.mktemp("http_repo")
+    helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
+    setup_models(repo)
+    port = free_port()
+    server = helpers.ServerProcess(repo, name=unique_name("t"),
+                                   log_path=tmp_path_factory.mktemp("logs") / "http.log",
+                                   args=["--http-port", str(port)])
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHMSERVE_RUNTIME_DIR", str(server.runtime_dir))
+    client = None
+    try:
+        server.start()
+        client = wait_live(server, port)
+        yield server, client, port
+    finally:
+        if client is not None:
+            client.close()
+        mp.undo()
+        problems = server.teardown()
+        assert not problems, "\n".join(problems) + "\n--- server log ---\n" + server.log()
+
+
+def raw(port: int, method: str, path: str, body: bytes = b"", headers=None):
+    """(status, decoded JSON body or raw bytes) of one plain HTTP request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request(method, path, body, headers or {})
+        r = conn.getresponse()
+        data = r.read()
+    finally:
+        conn.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data
+
+
+def simple_inputs(binary: bool):
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    b = np.full((1, 16), 3, dtype=np.int32)
+    inputs = [th.InferInput("INPUT0", [1, 16], "INT32"), th.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a, binary_data=binary)
+    inputs[1].set_data_from_numpy(b, binary_data=binary)
+    return a, b, inputs
+
+
+def test_health_metadata_config(front):
+    server, client, port = front
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("simple")
+    assert client.is_model_ready("simple", "1")
+    assert not client.is_model_ready("nosuch")
+    meta = client.get_server_metadata()
+    assert meta["name"] == "shmserve"
+    assert "binary_tensor_data" in meta["extensions"] and "statistics" in meta["extensions"]
+    model = client.get_model_metadata("simple")
+    assert model["name"] == "simple" and model["versions"] == ["1"]
+    assert model["inputs"] == [{"name": f"INPUT{i}", "datatype": "INT32", "shape": [-1, 16]}
+                               for i in range(2)]
+    assert [t["name"] for t in model["outputs"]] == ["OUTPUT0", "OUTPUT1"]
+    assert client.get_model_metadata("simple", "1")["versions"] == ["1"]
+    config = client.get_model_config("simple")
+    assert config["name"] == "simple" and config["max_batch_size"] == 8
+    assert config["input"][0]["data_type"] == "TYPE_INT32" and config["input"][0]["dims"] == [16]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_infer_simple(front, binary):
+    _, client, _ = front
+    a, b, inputs = simple_inputs(binary)
+    outputs = [th.InferRequestedOutput("OUTPUT0", binary_data=binary),
+               th.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    result = client.infer("simple", inputs, outputs=outputs, request_id="r-7")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    response = result.get_response()
+    assert response["model_name"] == "simple" and response["model_version"] == "1"
+    assert response["id"] == "r-7"
+    # No outputs named: all of them, as binary data (tritonclient asks binary_data_output).
+    result = client.infer("simple", inputs)
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+    # One output asked for: only it comes back.
+    result = client.infer("simple", inputs, outputs=outputs[1:])
+    assert result.as_numpy("OUTPUT0") is None
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("size", [1, 4096, 1 << 18])
+def test_infer_identity(front, binary, size):
+    _, client, _ = front
+    x = np.random.default_rng(size).standard_normal((1, size)).astype(np.float32)
+    inp = th.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    result = client.infer("identity", [inp],
+                          outputs=[th.InferRequestedOutput("OUTPUT0", binary_data=binary)])
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x)
+
+
+def sample(dt: str, shape) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    n = int(np.prod(shape))
+    if dt == "BYTES":
+        return np.array([f"s{i}-é".encode() for i in range(n)], dtype=object).reshape(shape)
+    if dt == "BOOL":
+        return (rng.integers(0, 2, n) == 1).reshape(shape)
+    from tritonclient.utils import triton_to_np_dtype
+
+    dtype = triton_to_np_dtype(dt)
+    if dt == "BF16":
+        import ml_dtypes
+
+        dtype = ml_dtypes.bfloat16
+    return rng.integers(0, 100, n).astype(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("dt", DTYPES)
+def test_infer_every_dtype(front, dt, binary):
+    _, client, _ = front
+    if dt == "BF16" and not binary:
+        pytest.skip("tritonclient sends BF16 as binary data only")
+    x = sample(dt, (2, 5))
+    inp = th.InferInput("INPUT0", [2, 5], dt)
+    inp.set_data_from_numpy(x, binary_data=binary)
+    result = client.infer(f"id_{dt}", [inp],
+                          outputs=[th.InferRequestedOutput("OUTPUT0", binary_data=binary)])
+    got = result.as_numpy("OUTPUT0")
+    if dt == "BYTES":  # JSON strings come back as str in an object array
+        got = np.array([g.encode() if isinstance(g, str) else g for g in got.reshape(-1)],
+                       dtype=object).reshape(got.shape)
+    np.testing.assert_array_equal(got, x)
+
+
+def test_request_compression(front):
+    _, client, _ = front
+    a, b, inputs = simple_inputs(True)
+    for algorithm in ("gzip", "deflate"):
+        result = client.infer("simple", inputs, request_compression_algorithm=algorithm)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
+def test_unknown_model_and_input(front):
+    _, client, _ = front
+    _, _, inputs = simple_inputs(True)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("nosuch", inputs)
+    assert e.value.status() == "404"
+    assert "Request for unknown model: 'nosuch' is not found" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.get_model_metadata("nosuch")
+    assert "Request for unknown model: 'nosuch' is not found" in e.value.message()
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", inputs, model_version="9")
+    assert "'simple' version 9 is not found" in e.value.message()
+    bad = th.InferInput("NOPE", [1, 16], "INT32")
+    bad.set_data_from_numpy(np.zeros((1, 16), np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("simple", [bad])
+    assert e.value.status() == "400" and "NOPE" in e.value.message()
+
+
+def test_bad_requests_are_400_and_the_front_goes_on(front):
+    _, client, port = front
+    infer = "/v2/models/identity/infer"
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 16}}]}).encode()
+    hlen = {"Inference-Header-Content-Length": str(len(header))}
+    cases = [
+        (b"{not json", {}, "failed to parse the request JSON buffer"),
+        (b'{"inputs": []}', {}, "no 'inputs'"),
+        (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32",
+                                 "data": [1, 2]}]}).encode(), {}, "needs 3 elements"),
+        (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP99",
+                                 "data": [1]}]}).encode(), {}, "unknown datatype 'FP99'"),
+        (header + b"\0" * 8, hlen, "binary_data_size 16, the body holds 8"),  # truncated
+        (header + b"\0" * 20, hlen, "unexpected additional input data"),
+        (header, {}, "without an Inference-Header-Content-Length"),
+        (header, {"Inference-Header-Content-Length": str(len(header) + 50)},
+         "unexpected end of request"),
+        (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32",
+                                 "parameters": {"shared_memory_region": "r"}}]}).encode(), {},
+         "shared_memory_region"),
+        (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}],
+                     "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]}
+                    ).encode(), {}, "classification extension"),
+    ]
+    for body, headers, words in cases:
+        status, reply = raw(port, "POST", infer, body, headers)
+        assert status == 400, (body[:60], reply)
+        assert words in reply["error"], (words, reply)
+    status, reply = raw(port, "POST", infer, b"abc", {"Content-Encoding": "gzip"})
+    assert status == 400 and "not valid gzip" in reply["error"]
+    # Endpoints of extensions not served yet say so, by name.
+    for method, path, words in [("POST", "/v2/repository/index", "model repository"),
+                                ("GET", "/v2/systemsharedmemory/status", "system shared memory"),
+                                ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory"),
+                                ("GET", "/v2/trace/setting", "trace"),
+                                ("GET", "/v2/logging", "logging")]:
+        status, reply = raw(port, method, path)
+        assert status == 501 and words in reply["error"], (path, reply)
+    assert raw(port, "GET", "/v3/whatever")[0] == 404
+    assert raw(port, "GET", "/v2/models/simple/infer")[0] == 405
+    # A request's JSON, gzipped by hand, still works after all that.
+    body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                                   "data": [[1.5, 2.5]]}]}).encode()
+    status, reply = raw(port, "POST", infer, gzip.compress(body), {"Content-Encoding": "gzip"})
+    assert status == 200 and reply["outputs"][0]["data"] == [1.5, 2.5]
+    assert client.is_server_ready()
+
+
+def test_statistics(front):
+    _, client, _ = front
+    _, _, inputs = simple_inputs(True)
+    before = client.get_inference_statistics("simple")["model_stats"][0]
+    for _ in range(3):
+        client.infer("simple", inputs)
+    stats = client.get_inference_statistics("simple")["model_stats"]
+    assert [(s["name"], s["version"]) for s in stats] == [("simple", "1")]
+    assert "shmserve" not in stats[0]  # shmserve's own figures stay off the v2 API
+    assert (stats[0]["inference_stats"]["success"]["count"]
+            == before["inference_stats"]["success"]["count"] + 3)
+    every = client.get_inference_statistics()["model_stats"]
+    assert {"simple", "identity"} <= {s["name"] for s in every}
+    with pytest.raises(InferenceServerException) as e:
+        client.get_inference_statistics("nosuch")
+    assert "Request for unknown model: 'nosuch' is not found" in e.value.message()
+
+
+def test_killed_front_is_restarted(server_factory):
+    server, client, port = start_http(server_factory, threads=2, models=("simple",))
+    try:
+        fronts = fronts_of(server)
+        assert len(fronts) == 2
+        os.kill(fronts[0], signal.SIGKILL)
+        assert poll_until(lambda: len(fronts_of(server)) == 2 and fronts[0] not in
+                          fronts_of(server), 30), server.log()
+        a, b, inputs = simple_inputs(True)
+        for _ in range(8):  # connections spread over both fronts, the new one included
+            fresh = th.InferenceServerClient(f"127.0.0.1:{port}")
+            try:
+                assert poll_until(lambda: _live(fresh), 30)
+                np.testing.assert_array_equal(fresh.infer("simple", inputs).as_numpy("OUTPUT0"),
+                                              a + b)
+            finally:
+                fresh.close()
+        assert "HTTP front 0" in server.log() and "restarted" in server.log()
+    finally:
+        client.close()
+    assert server.stop() == 0
+    assert not fronts_of(server)
+
+
+def _live(client) -> bool:
+    try:
+        return client.is_server_live()
+    except Exception:
+        return False
+
+
+def test_port_taken_stops_the_start(server_factory):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        server = server_factory(models=("simple",), args=["--http-port", port], start=False)
+        with pytest.raises(RuntimeError):
+            server.start()
+        assert server.proc.wait(30) == 2
+        assert f"--http-port {port}" in server.log()
+
+
+def test_engine_killed_answers_the_waiting_caller(server_factory):
+    """The coordinator SIGKILLed while an HTTP request waits on a model: its fronts die
+    with it (PDEATHSIG), so the caller gets an error at once, not a hang."""
+    from shmserve.server.segments import remove_segments
+
+    def with_sleeper(repo):
+        write_model(repo, "sleeper", python_config("sleeper", "FP32", (-1,),
+                                                   dynamic_batching=None), helpers.SLEEPER_CODE)
+
+    server, client, port = start_http(server_factory, models=(), setup=with_sleeper)
+    fronts = fronts_of(server)
+    try:
+        inp = th.InferInput("INPUT0", [1, 1], "FP32")
+        inp.set_data_from_numpy(np.array([[30.0]], np.float32))
+        own = server.client(arena_bytes=1 << 16)  # sees the request in flight
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(lambda: th.InferenceServerClient(f"127.0.0.1:{port}")
+                                  .infer("sleeper", [inp]))
+            in_flight = lambda: any(row["pid"] in fronts and row["slots_in_use"]  # noqa: E731
+                                    for row in own.server_status()["clients"])
+            assert poll_until(lambda: waiting.done() or in_flight(), 20), server.log()
+            assert not waiting.done(), waiting.exception()
+            server.kill()
+            server.proc.wait(10)
+            with pytest.raises(Exception):
+                waiting.result(timeout=20)  # an error, not a hang
+        assert poll_until(lambda: not any(psutil.pid_exists(p) and
+                                          psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                                          for p in fronts), 10)
+        with pytest.raises(Exception):
+            client.is_server_live()
+    finally:
+        client.close()
+        remove_segments(server.prefix)  # a SIGKILLed server cannot unlink its own
