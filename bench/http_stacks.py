@@ -13,6 +13,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -91,7 +92,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=3000)
     args = ap.parse_args()
-    workdir = os.path.dirname(os.path.abspath(__file__))
+    workdir = tempfile.mkdtemp(prefix="http-stacks-")  # granian imports its app by module name
     for name, code in APPS.items():
         port = free_port()
         env = dict(os.environ)
@@ -109,6 +110,7 @@ def main() -> None:
             proc.wait(10)
             if name.startswith("granian"):
                 os.unlink(os.path.join(workdir, "app_mod.py"))
+    os.rmdir(workdir)
 
 
 if __name__ == "__main__":
