@@ -245,8 +245,8 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
                                  "data": [1, 2]}]}).encode(), {}, "needs 3 elements"),
         (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP99",
                                  "data": [1]}]}).encode(), {}, "unknown datatype 'FP99'"),
-        (header + b"\0" * 8, hlen, "binary_data_size 16, the body holds 8"),  # truncated
-        (header + b"\0" * 20, hlen, "unexpected additional input data"),
+        (header + b"\0" * 8, hlen, "add up to 16 bytes, the body holds 8"),  # truncated
+        (header + b"\0" * 20, hlen, "add up to 16 bytes, the body holds 20"),
         (header, {}, "without an Inference-Header-Content-Length"),
         (header, {"Inference-Header-Content-Length": str(len(header) + 50)},
          "unexpected end of request"),

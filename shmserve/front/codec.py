@@ -97,13 +97,26 @@ def parse_header(raw: bytes) -> dict:
     return header
 
 
-def plan_inputs(header: dict, empty) -> list[InputTensor]:
+def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
+                max_binary: int = 1 << 30) -> list[InputTensor]:
     """The inputs of a parsed request; binary ones get their sink (from `empty(shape,
-    dtype)`, an arena array, for fixed-size types), JSON ones their array."""
+    dtype)`, an arena array, for fixed-size types), JSON ones their array.
+    binary_bytes: the length of the binary section when the body's length is known
+    (the binary_data_size of the inputs must add up to it), else at most max_binary:
+    nothing is allocated for sizes the body cannot hold."""
     _check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request")
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("request has no 'inputs' (a non-empty JSON array)")
+    declared = sum(p.get("binary_data_size", 0) for p in
+                   (spec.get("parameters") for spec in inputs if isinstance(spec, dict))
+                   if isinstance(p, dict) and isinstance(p.get("binary_data_size"), int))
+    if binary_bytes is not None and declared != binary_bytes:
+        raise BadRequest(f"the inputs' binary_data_size add up to {declared} bytes, the body "
+                         f"holds {binary_bytes} after the JSON header")
+    if declared > max_binary:
+        raise BadRequest(f"the inputs' binary_data_size add up to {declared} bytes, more than "
+                         f"the {max_binary} this server takes in one request")
     planned, seen = [], set()
     for i, spec in enumerate(inputs):
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
@@ -160,12 +173,22 @@ def json_array(data, t: InputTensor, count: int) -> np.ndarray:
         arr = np.empty(len(flat), dtype=object)
         arr[:] = [x.encode() for x in flat]
     else:
+        flat = _flatten(data)
+        # numpy would truncate 1.5 to an integer, or take "1" as a number: refused instead
+        if t.datatype == "BOOL":
+            ok = all(isinstance(x, bool) for x in flat)
+        elif t.dtype.kind in "iu":
+            ok = all(isinstance(x, int) and not isinstance(x, bool) for x in flat)
+        else:
+            ok = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in flat)
+        if not ok:
+            raise BadRequest(f"{where}: data is not {t.datatype}: every element must be "
+                             + ("true or false" if t.datatype == "BOOL" else "a number"
+                                if t.dtype.kind == "f" else "an integer"))
         try:
-            arr = np.asarray(data, dtype=t.dtype).reshape(-1)
+            arr = np.asarray(flat, dtype=t.dtype)
         except (ValueError, TypeError, OverflowError) as e:
             raise BadRequest(f"{where}: data is not {t.datatype}: {e}") from None
-        if t.datatype == "BOOL" and not all(isinstance(x, bool) for x in _flatten(data)):
-            raise BadRequest(f"{where}: BOOL data must be true or false")
     if arr.size != count:
         raise BadRequest(f"{where}: shape {list(t.shape)} needs {count} elements, data has "
                          f"{arr.size}")

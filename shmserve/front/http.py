@@ -63,9 +63,9 @@ def _not_found_message(model: str, version) -> str:
 class Front:
     """The ASGI application: routes, then the engine's answer in Triton's shape."""
 
-    def __init__(self, client: Client, max_in_flight: int):
+    def __init__(self, client: Client, max_in_flight: int, arena_bytes: int):
         self.client = client
-        # submit() waits (blocking) for a free slot or arena space: never let this
+        self.arena_bytes = arena_bytes  # no request's binary inputs can need more        # submit() waits (blocking) for a free slot or arena space: never let this
         # process ask for more than its lease holds, so the loop is never blocked.
         self.in_flight = asyncio.Semaphore(max_in_flight)
 
@@ -197,8 +197,13 @@ class Front:
             raise codec.BadRequest(f"unexpected end of request: Inference-Header-Content-Length "
                                    f"is {header_len}, the body has {len(head)} bytes")
         header = codec.parse_header(bytes(head))
+        length = headers.get(b"content-length")
+        binary_bytes = None
+        if header_len is not None and length is not None and encoding == "identity":
+            binary_bytes = int(length) - header_len  # httptools checked it is a number
         try:
-            inputs = codec.plan_inputs(header, self.client.empty)
+            inputs = codec.plan_inputs(header, self.client.empty, binary_bytes,
+                                       self.arena_bytes)
         except errors.ShmServeError as e:
             raise HttpError(_STATUS.get(e.code, 500), e.msg) from None
         filler = codec.BinaryFiller(inputs)
@@ -304,7 +309,7 @@ def main() -> None:
         report_load(boot, {"ready": False, "error": why})
         log.error("HTTP front %d: %s", boot["index"], why)
         raise SystemExit(3)
-    config = uvicorn.Config(Front(client, boot["slots_per_client"]), http="httptools",
+    config = uvicorn.Config(Front(client, boot["slots_per_client"], boot["arena_bytes"]), http="httptools",
                             lifespan="off", log_config=None, access_log=False,
                             server_header=False, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
