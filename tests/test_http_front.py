@@ -307,6 +307,8 @@ def test_killed_front_is_restarted(server_factory):
         os.kill(fronts[0], signal.SIGKILL)
         assert poll_until(lambda: len(fronts_of(server)) == 2 and fronts[0] not in
                           fronts_of(server), 30), server.log()
+        assert poll_until(lambda: all(listening(p, port) for p in fronts_of(server)), 30), \
+            server.log()
         a, b, inputs = simple_inputs(True)
         for _ in range(8):  # connections spread over both fronts, the new one included
             fresh = th.InferenceServerClient(f"127.0.0.1:{port}")
@@ -321,6 +323,18 @@ def test_killed_front_is_restarted(server_factory):
         client.close()
     assert server.stop() == 0
     assert not fronts_of(server)
+    stops = [line for line in server.log_path.read_text().splitlines()
+             if "front exited: HTTP front" in line]
+    assert len(stops) == 3 and stops[1:] == [s for s in stops[1:] if s.endswith("exit code 0")], \
+        stops  # the SIGKILLed one, then both stopped cleanly
+
+
+def listening(pid: int, port: int) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections("tcp"))
+    except psutil.Error:
+        return False
 
 
 def _live(client) -> bool:

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import signal
 import socket
 import zlib
 
@@ -321,9 +322,16 @@ def main() -> None:
         report_load(boot, {"ready": server.started})
         await task
 
+    # uvicorn stops on SIGTERM/SIGINT, then raises the signal again under the handler
+    # found before it: a no-op here, so that a stopped front closes its lease, exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         uvloop.run(serve())
     finally:
+        # The coordinator's shutdown may send a second SIGTERM while this process
+        # exits, when Python has put the default handlers back: it must not kill it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         client.close()
 
 
