@@ -273,6 +273,8 @@ def _error(message: str) -> bytes:
 
 async def _send(send, status: int, body, headers: dict) -> None:
     parts = body if isinstance(body, list) else [body]
+    if len(parts) > 1 and sum(len(p) for p in parts) <= 1 << 16:
+        parts = [b"".join(parts)]  # one write for a small answer; big ones go as views
     head = {b"content-type": b"application/json", **headers,
             b"content-length": str(sum(len(p) for p in parts)).encode()}
     await send({"type": "http.response.start", "status": status, "headers": list(head.items())})
