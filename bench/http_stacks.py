@@ -47,7 +47,7 @@ APPS = {
         uvloop.install()
         web.run_app(app, host="127.0.0.1", port=PORT, print=None, access_log=None)
     """),
-    "granian (asgi)": textwrap.dedent(f"""
+    "granian (asgi)": textwrap.dedent("""
         from granian import Granian
         from granian.constants import Interfaces, Loops
         Granian("app_mod:app", address="127.0.0.1", port=PORT, interface=Interfaces.ASGI,
