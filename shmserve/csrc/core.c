@@ -61,10 +61,6 @@ static PyMethodDef *joined_methods(void) {
 /* ---------------------------------------------------------------- Spin */
 
 /* AdaptiveSpin(base_ns, max_ns): shms_spin, the waiting policy of shms_wait.h. */
-typedef struct {
-  PyObject_HEAD
-  shms_spin spin;
-} Spin;
 
 static int spin_init(Spin *self, PyObject *args, PyObject *kw) {
   long long base, max;
@@ -85,6 +81,10 @@ static PyObject *spin_record(Spin *self, PyObject *arg) {
 }
 
 static PyObject *spin_typical(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.typical_ns); }
+static PyObject *spin_backoff(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.backoff); }
+static PyObject *spin_preempted(Spin *self, void *c) {
+  return PyLong_FromUnsignedLongLong(self->spin.preempted);
+}
 static PyObject *spin_base(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.base_ns); }
 
 static PyMethodDef spin_methods[] = {
@@ -95,9 +95,11 @@ static PyMethodDef spin_methods[] = {
 static PyGetSetDef spin_getset[] = {
     {"typical_ns", (getter)spin_typical, NULL, "average of recent waits", NULL},
     {"base_ns", (getter)spin_base, NULL, "the least spin", NULL},
+    {"backoff", (getter)spin_backoff, NULL, "waits left without spinning (a spin was preempted)", NULL},
+    {"preempted", (getter)spin_preempted, NULL, "spins cut short by preemption, ever", NULL},
     {NULL}};
 
-static PyTypeObject SpinType = {
+PyTypeObject SpinType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmserve._core.AdaptiveSpin",
     .tp_basicsize = sizeof(Spin),
     .tp_flags = Py_TPFLAGS_DEFAULT,

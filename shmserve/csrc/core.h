@@ -33,6 +33,13 @@ void shms_py_enter(Mapping *m);
 void shms_py_leave(Mapping *m);
 
 extern PyTypeObject MappingType;
+
+/* shmserve._core.AdaptiveSpin: a waiter's shms_spin (core.c) */
+typedef struct {
+  PyObject_HEAD
+  shms_spin spin;
+} Spin;
+extern PyTypeObject SpinType;
 extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple */
 
 /* Pointer to [off, off+len) inside the mapping, aligned to `align`, or NULL with an

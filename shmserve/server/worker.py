@@ -122,13 +122,12 @@ class Worker:
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
                 self.maps.drop_ended_leases()
                 dropped_at = started
-            woke = srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin.budget_ns(),
-                                     200_000_000)
+            # the spin policy (shms_spin_wait) decides, and learns from this wait
+            woke = srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin, 200_000_000)
             if not woke:
                 if not self.maps.parent_alive():
                     return
                 continue
-            spin.record(time.monotonic_ns() - started)
             self.maps.count_wake(wakeups, woke)
             self.run_mailbox()
             # SYNC POINT: pairs with the batcher's store of batcher_waiting then re-check
