@@ -371,10 +371,18 @@ class _ModelCheck:
                 kind = "syntax"
             if own & _SAME_KIND.get(kind, {kind}) and kind != "unsupported":
                 continue
+            if (self.auto_complete and own & {"versions", "model-file"}
+                    and message.startswith("the model declares no")):
+                continue  # auto-complete had no model file to read the tensors from
             if line is None and file == str(self.config_path):
                 line = locate(self, message)
-            self.add(ERROR, kind, message, fix.format(dir=self.dir, config=self.config_path),
-                     file=file, line=line, column=column, version=p.version)
+            self.add(ERROR, kind, message, self.fill(fix), file=file, line=line, column=column,
+                     version=p.version)
+
+    def fill(self, fix: str) -> str:
+        """A _START_PROBLEMS fix with this model's {dir}, {dir.name} and {config}."""
+        return (fix.replace("{dir.name}", self.dir.name).replace("{dir}", str(self.dir))
+                .replace("{config}", str(self.config_path)))
 
     def split(self, reason: str) -> tuple[str, int | None, int | None, str]:
         """(file, line, column, message) of a message that starts with a path."""
@@ -617,7 +625,7 @@ def _add_log_findings(root: Path, checks: list[_ModelCheck], records: list) -> N
                       "it (the config must then be complete)", file=record.model_code)
         elif record.levelno >= logging.ERROR:
             kind, fix, locate = _classify(message)
-            check.add(ERROR, kind, message, fix.format(dir=check.dir, config=check.config_path),
+            check.add(ERROR, kind, message, check.fill(fix),
                       file=file, line=line or locate(check, message), column=column)
         elif record.levelno >= logging.WARNING:
             ignored = "is not implemented by shmserve yet and is ignored" in message
