@@ -174,7 +174,7 @@ def test_lifecycle_lines(server_factory):
     server = server_factory(models=("identity",), setup=with_broken)
     name, me = server.name, f"pid {os.getpid()}, uid {os.getuid()}"
     # the harness sees the server ready at its socket, a moment before its log line
-    log = wait_until(lambda: (text := server.log()) if "] server ready: " in text else None,
+    log = wait_until(lambda: text if "] server ready: " in (text := server.log()) else None,
                      20, "the server's ready line")
     the_one(rf"\] server starting: '{name}', repository {re.escape(str(server.repo))}, "
             rf"pid {server.pid}$", log)

@@ -194,11 +194,12 @@ class _ModelCheck:
         for sub in sorted(self.dir.iterdir()):
             if not sub.is_dir() or sub.name.startswith("."):
                 continue
-            if sub.name.isdigit():
+            if repository._VERSION_RE.match(sub.name):  # the server's own rule
                 versions.append((int(sub.name), sub))
             elif sub.name != WARMUP_DIR:
                 self.add(ERROR, "versions", f"directory '{sub.name}' is not a version directory "
-                         "(those are named by a number); the server ignores it, as Triton does",
+                         "(those are named by a number not starting with 0); the server "
+                         "ignores it, as Triton does",
                          "rename it to a version number, e.g. "
                          f"{self.dir / _suggest_version(sub.name, versions)}, or move it out of "
                          "the model directory", file=sub)
