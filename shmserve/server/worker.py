@@ -459,7 +459,12 @@ def main() -> None:
     try:
         worker.serve_forever()
     finally:
-        worker.backend.close()
+        try:
+            worker.backend.close()
+        except Exception as e:  # a model failing in finalize() must not hide why, nor hang
+            log.error("model '%s' version %d instance %d: finalize raised %s: %s", model["name"],
+                      model["version"], boot["instance"], type(e).__name__, e)
+            sys.exit(4)
 
 
 if __name__ == "__main__":
