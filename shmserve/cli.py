@@ -1,4 +1,4 @@
-"""The `shmserve` command: serve, models, stats, status, health, infer, bench."""
+"""The `shmserve` command: serve, validate, models, stats, status, health, infer, bench."""
 from __future__ import annotations
 
 import argparse
@@ -127,8 +127,29 @@ def cmd_serve(args) -> int:
                             log_error=args.log_error, log_format=args.log_format,
                             log_file=args.log_file, group=args.group,
                             exit_on_error=args.exit_on_error,
+                            strict_readiness=args.strict_readiness,
                             auto_complete_config=not (args.disable_auto_complete_config
                                                       or args.strict_model_config)))
+
+
+VALID, INVALID, NO_REPOSITORY = 0, 1, 2  # `shmserve validate` exit codes
+
+
+def cmd_validate(args) -> int:
+    from .errors import ConfigError
+    from .server.validate import format_report, validate_repository
+
+    try:
+        report = validate_repository(args.dir, auto_complete=not (
+            args.disable_auto_complete_config or args.strict_model_config))
+    except ConfigError as e:  # DIR is not a directory
+        print(f"shmserve validate: {e.msg}", file=sys.stderr)
+        return NO_REPOSITORY
+    if args.json:
+        print(json.dumps([f.to_dict() for f in report.findings], indent=2))
+    else:
+        print(format_report(report))
+    return INVALID if report.errors else VALID
 
 
 def format_models(models: list[dict], statistics: list[dict]) -> str:
@@ -267,8 +288,9 @@ def _control_connect(name: str, timeout: float) -> socket.socket:
 def check_health(name: str, ready: bool = False, model: str | None = None,
                  version: int | None = None, timeout: float = 5.0) -> tuple[int, str]:
     """(exit code, why) of Triton's health checks against server `name`: live = its
-    control socket answers; ready = live and every model (with `model`: that model,
-    the given version or the highest) is READY. Asks without a hello, so no lease is
+    control socket answers; ready = live and every model is READY (the server's
+    --strict-readiness, default true; false: ready = live); with `model`: that model,
+    the given version or the highest, is READY. Asks without a hello, so no lease is
     opened and no arena made; the whole check takes at most `timeout` seconds."""
     from . import protocol as P
     from .client.request import version_key
@@ -294,10 +316,19 @@ def check_health(name: str, ready: bool = False, model: str | None = None,
         return HEALTHY, f"server '{name}' is live"
     rows = reply.models if model is None else [dataclasses.asdict(reply)]
     down = [m for m in rows if m["state"] != "READY"]
-    if not down:
+    # The server's own answer decides (its --strict-readiness); one that gives none
+    # is strict, as Triton's default.
+    server_ready = not down if model is not None or reply.ready is None else reply.ready
+    if server_ready:
         what = (f"model '{model}' version {rows[0]['version']}" if model is not None
                 else f"server '{name}' ({len(rows)} model{'s' * (len(rows) != 1)})")
+        if down:  # --strict-readiness=false: ready while it serves
+            return HEALTHY, (f"{what} is ready (--strict-readiness=false: {len(down)} not "
+                             f"READY, e.g. model '{down[0]['name']}' version "
+                             f"{down[0]['version']} is {down[0]['state']})")
         return HEALTHY, f"{what} is ready"
+    if not down:
+        return UNHEALTHY, f"not ready: server '{name}' says it is not ready"
     first = down[0]
     more = f" (and {len(down) - 1} more not ready)" if len(down) > 1 else ""
     return UNHEALTHY, (f"not ready: model '{first['name']}' version {first['version']} is "
@@ -466,6 +497,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="a model that cannot be loaded (broken config.pbtxt, missing model "
                         "file) stops the start, exit 2 (default true, Triton's); false: serve "
                         "the others and list it UNAVAILABLE with the reason")
+    s.add_argument("--strict-readiness", type=_bool, default=True, nargs="?", const=True,
+                   metavar="BOOL",
+                   help="the server is ready (`shmserve health --ready`) only while every model "
+                        "is READY (default true, Triton's); false: ready as soon as it serves, "
+                        "whatever its models' states")
     s.add_argument("--disable-auto-complete-config", action="store_true",
                    help="do not complete an ONNX model's configuration from its graph: every "
                         "model needs a config.pbtxt naming its inputs, outputs and "
@@ -478,6 +514,32 @@ def main(argv: list[str] | None = None) -> int:
                         "becomes group read-write, the runtime directory group-traversable; "
                         "the server's user must be a member")
     s.set_defaults(fn=cmd_serve)
+
+    v = sub.add_parser(
+        "validate", help="check a model repository without serving it: every problem, with "
+        "file, line and fix; exit 0 valid, 1 problems, 2 no such directory",
+        description="Checks a model repository as `shmserve serve` would load it, and more, "
+                    "without serving it: no shared-memory segment, no server process, no "
+                    "model code (except a python model's auto_complete_config hook when "
+                    "auto-complete is on, which `serve` runs too; it is reported). Lists every "
+                    "problem found, each with its file, line (where the config parser gives "
+                    "one or the field is written) and a fix: config.pbtxt syntax and unknown "
+                    "fields, directories that are not versions, missing model files, dims and "
+                    "data types against the ONNX graph, unknown or mismatched backend and "
+                    "platform, names, and the fields shmserve refuses (errors) or ignores "
+                    "(warnings). Exit status 0 when there is no error (warnings are printed), "
+                    "1 with errors, 2 when DIR is not a directory.")
+    v.add_argument("dir", metavar="DIR", help="the model repository")
+    v.add_argument("--json", action="store_true",
+                   help="print the findings as JSON: [{model, version, file, line, severity, "
+                        "message, fix}], severity error, warning or info")
+    v.add_argument("--disable-auto-complete-config", action="store_true",
+                   help="as `serve`'s: every model needs a complete config.pbtxt (no python "
+                        "auto_complete_config hook runs)")
+    v.add_argument("--strict-model-config", type=_bool, default=False, nargs="?", const=True,
+                   metavar="BOOL", help="Triton's older spelling: true is "
+                   "--disable-auto-complete-config")
+    v.set_defaults(fn=cmd_validate)
 
     m = sub.add_parser("models", help="list loaded models, their state and statistics")
     m.add_argument("--name", default=DEFAULT_NAME)
@@ -500,12 +562,14 @@ def main(argv: list[str] | None = None) -> int:
         "health", help="is the server live (or ready)? exit 0 yes, 1 not ready, 2 no server",
         description="Triton's health checks, for probes and scripts: live = the server "
                     "answers on its control socket; ready = live and every model (or the "
-                    "--model given) is READY. Exit status 0 healthy, 1 live but not ready "
+                    "--model given) is READY (a server started with --strict-readiness=false "
+                    "is ready while it is live). Exit status 0 healthy, 1 live but not ready "
                     "(a model LOADING or UNAVAILABLE, an unknown model), 2 no server (not "
                     "running, dead, refused, or no answer within --timeout). Opens no lease.")
     h.add_argument("--name", default=DEFAULT_NAME)
     h.add_argument("--ready", action="store_true",
-                   help="also require every model to be READY (Triton's /v2/health/ready)")
+                   help="also require the server to be ready (Triton's /v2/health/ready): every "
+                        "model READY, unless it serves with --strict-readiness=false")
     h.add_argument("--model", default=None,
                    help="require this model to be READY (Triton's /v2/models/M/ready)")
     h.add_argument("--version", type=int, default=None,

@@ -202,7 +202,24 @@ def write_test_models(repo: Path) -> None:
 
 # The server harness is shared with bench/ and scripts/soak.py; re-exported for the tests.
 from shmserve_bench.harness import ARENA_LABEL, ServerProcess, poll_until, shm_entries  # noqa: E402,F401
+from shmserve_bench.harness import unique_name  # noqa: E402
 from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
+
+
+def module_server(tmp_path_factory, write_repository, prefix: str):
+    """A server of its own repository (write_repository(repo) fills it) shared by a
+    module's tests: yields it, then stops it and fails on anything it left behind.
+    Use as the body of a module-scoped fixture: `yield from module_server(...)`."""
+    repo = tmp_path_factory.mktemp(prefix)
+    write_repository(repo)
+    server = ServerProcess(repo, name=unique_name(prefix),
+                           log_path=tmp_path_factory.mktemp("logs") / "server.log")
+    try:
+        server.start()
+        yield server
+    finally:
+        problems = server.teardown()
+        assert not problems, "\n".join(problems) + "\n--- server log ---\n" + server.log()
 
 
 def wait_until(predicate, timeout: float, what: str, *, state=None, interval: float = 0.02):

@@ -359,7 +359,7 @@ def test_a_burst_is_shared_by_two_idle_instances(server_factory, mode):
     long queue delay: the batch goes when the 32nd arrives (full), both instances idle.
     Balanced, each instance gets 16; greedy (Triton), one gets all 32."""
     import numpy as np
-    from helpers import python_config, write_model
+    from helpers import python_config, wait_until, write_model
 
     def setup(repo):
         write_model(repo, "recorder", python_config(
@@ -373,6 +373,11 @@ def test_a_burst_is_shared_by_two_idle_instances(server_factory, mode):
     c = server.client(arena_bytes=1 << 20)
     x = np.ones((1, 4), np.float32)
     for _ in range(3):
+        # An instance answers its callers just before it marks itself idle: a burst sent
+        # at once after the last answers could find one instance still busy.
+        wait_until(lambda: all(i["state"] == "IDLE" for i in
+                               c.statistics("recorder")[0]["shmserve"]["instances"]),
+                   10, "both instances idle")
         futures = [c.submit("recorder", {"INPUT0": x}, copy=True) for _ in range(32)]
         rows = [tuple(f.result(timeout=30)["OUTPUT0"][0]) for f in futures]
         per_instance = {}

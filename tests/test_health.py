@@ -7,8 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
+import pytest
 from helpers import BROKEN_INIT_CODE, IDENTITY_CODE, python_config, write_model
+
+from shmserve import protocol as P
+from shmserve.cli import _control_call, _control_connect
 
 
 def health(server, *args: str, name: str | None = None) -> subprocess.CompletedProcess:
@@ -97,3 +102,37 @@ def test_a_stopped_server_is_not_waited_for_past_the_timeout(server_factory):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "did not answer" in r.stderr, r.stderr
     assert health(server).returncode == 0
+
+
+def setup_broken_config(repo) -> None:
+    write_model(repo, "bad_pbtxt", 'name: "bad_pbtxt"\nbackend: "python"\nmax_batch_size: eight\n',
+                IDENTITY_CODE)
+
+
+@pytest.mark.parametrize("strict, ready", [("true", False), ("false", True)])
+def test_strict_readiness(server_factory, strict, ready):
+    """Triton's --strict-readiness: true (the default), the server is ready only while
+    every model is READY; false, as soon as it serves ("ready as soon as it's live").
+    A model's own readiness does not change."""
+    server = server_factory(models=("identity",), setup=setup_broken_config,
+                            args=["--exit-on-error=false", f"--strict-readiness={strict}"])
+    assert health(server).returncode == 0  # live either way
+    r = health(server, "--ready")
+    if ready:
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "is ready (--strict-readiness=false" in r.stdout, r.stdout
+        assert "'bad_pbtxt'" in r.stdout and "UNAVAILABLE" in r.stdout, r.stdout
+    else:
+        assert r.returncode == 1, (r.stdout, r.stderr)
+        assert "'bad_pbtxt'" in r.stderr and "UNAVAILABLE" in r.stderr, r.stderr
+    assert health(server, "--model", "bad_pbtxt").returncode == 1
+    assert health(server, "--model", "identity").returncode == 0
+    # the control socket's answer that `health --ready` reads
+    sock = _control_connect(server.name, 5.0)
+    try:
+        reply = _control_call(sock, P.ListModels(), time.monotonic() + 5.0, server.name)
+    finally:
+        sock.close()
+    assert reply.ready is ready
+    assert {m["name"]: m["state"] == "READY" for m in reply.models} == \
+        {"identity": True, "bad_pbtxt": False}

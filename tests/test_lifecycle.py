@@ -606,3 +606,19 @@ def test_stop_runs_the_models_finalize(server_factory, tmp_path):
     assert not mark.exists()
     assert server.stop(signal.SIGTERM) == 0
     assert mark.read_text() == "done"
+
+
+def test_a_crash_in_finalize_is_logged_and_the_stop_completes(server_factory):
+    code = FINALIZER_CODE.replace('''        with open(self.mark, "w") as f:
+            f.write("done")''', '''        raise RuntimeError("cannot release the weights")''')
+    server = server_factory(setup=lambda repo: write_model(
+        repo, "bad_finalizer", python_config("bad_finalizer", "FP32", (-1,)), code))
+    c = server.client(arena_bytes=1 << 20)
+    c.infer("bad_finalizer", [np.ones((1, 4), np.float32)])
+    assert server.stop(signal.SIGTERM) == 0
+    assert server.segments() == []
+    log = server.log(10**6)
+    assert ("model 'bad_finalizer' version 1 instance 0: finalize raised RuntimeError: "
+            "cannot release the weights") in log, log
+    assert "worker exited: model 'bad_finalizer' version 1 instance 0" in log and \
+        "exit code 4" in log, log

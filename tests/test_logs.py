@@ -173,7 +173,9 @@ def test_log_file_gets_every_process_in_the_format(server_factory, tmp_path, fmt
 def test_lifecycle_lines(server_factory):
     server = server_factory(models=("identity",), setup=with_broken)
     name, me = server.name, f"pid {os.getpid()}, uid {os.getuid()}"
-    log = server.log()
+    # the harness sees the server ready at its socket, a moment before its log line
+    log = wait_until(lambda: text if "] server ready: " in (text := server.log()) else None,
+                     20, "the server's ready line")
     the_one(rf"\] server starting: '{name}', repository {re.escape(str(server.repo))}, "
             rf"pid {server.pid}$", log)
     the_one(r"\] model loading: 'identity' version 1 \(python backend, 1 instance, "

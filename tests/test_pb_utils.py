@@ -19,13 +19,12 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 import shmserve
-from helpers import wait_in_flight, wait_until, write_model
+from helpers import module_server, wait_in_flight, wait_until, write_model
 from shmserve import pb_utils
 from shmserve.errors import ConfigError
 from shmserve.pb_utils.config import config_dict
 from shmserve.protocol import SlotState
 from shmserve.server.repository import load_model
-from shmserve_bench.harness import ServerProcess, unique_name
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -425,16 +424,7 @@ def write_repository(repo) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("triton_repo")
-    write_repository(repo)
-    proc = ServerProcess(repo, name=unique_name("pb"),
-                         log_path=tmp_path_factory.mktemp("logs") / "server.log")
-    try:
-        proc.start()
-        yield proc
-    finally:
-        problems = proc.teardown()
-        assert not problems, "\n".join(problems) + "\n--- server log ---\n" + proc.log()
+    yield from module_server(tmp_path_factory, write_repository, "pb")
 
 
 @pytest.fixture

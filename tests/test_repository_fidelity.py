@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 import pytest
-from helpers import IDENTITY_CODE, ServerProcess, python_config, write_model
+from helpers import IDENTITY_CODE, module_server, python_config, write_model
 
 from shmserve import errors
 from shmserve.errors import ConfigError
@@ -305,15 +305,7 @@ def write_served_models(repo):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("fidelity")
-    write_served_models(repo)
-    server = ServerProcess(repo, log_path=tmp_path_factory.mktemp("logs") / "server.log")
-    try:
-        server.start()
-        yield server
-    finally:
-        problems = server.teardown()
-        assert not problems, "\n".join(problems) + "\n" + server.log()
+    yield from module_server(tmp_path_factory, write_served_models, "fidelity")
 
 
 @pytest.fixture

@@ -72,7 +72,10 @@ def test_statistics_in_tritons_shape(server_factory):
     # compute stages count every request of every execution, the failed one included
     for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
         assert inf[stage]["count"] == 5 and inf[stage]["ns"] > 0, stage
-    assert inf["success"]["ns"] >= inf["compute_infer"]["ns"] * 4 // 5
+    # every request was alone in its execution: its time from the batcher's take to its
+    # answer holds its execution's three stages
+    assert (inf["success"]["ns"] + inf["fail"]["ns"]
+            >= sum(inf[k]["ns"] for k in ("compute_input", "compute_infer", "compute_output")))
     assert inf["cache_hit"] == inf["cache_miss"] == {"count": 0, "ns": 0}
     (batch,) = st["batch_stats"]  # every execution had 2 rows
     assert batch["batch_size"] == 2 and batch["compute_infer"]["count"] == 5

@@ -61,10 +61,6 @@ static PyMethodDef *joined_methods(void) {
 /* ---------------------------------------------------------------- Spin */
 
 /* AdaptiveSpin(base_ns, max_ns): shms_spin, the waiting policy of shms_wait.h. */
-typedef struct {
-  PyObject_HEAD
-  shms_spin spin;
-} Spin;
 
 static int spin_init(Spin *self, PyObject *args, PyObject *kw) {
   long long base, max;
@@ -85,6 +81,10 @@ static PyObject *spin_record(Spin *self, PyObject *arg) {
 }
 
 static PyObject *spin_typical(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.typical_ns); }
+static PyObject *spin_backoff(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.backoff); }
+static PyObject *spin_preempted(Spin *self, void *c) {
+  return PyLong_FromUnsignedLongLong(self->spin.preempted);
+}
 static PyObject *spin_base(Spin *self, void *c) { return PyLong_FromLongLong(self->spin.base_ns); }
 
 static PyMethodDef spin_methods[] = {
@@ -95,9 +95,11 @@ static PyMethodDef spin_methods[] = {
 static PyGetSetDef spin_getset[] = {
     {"typical_ns", (getter)spin_typical, NULL, "average of recent waits", NULL},
     {"base_ns", (getter)spin_base, NULL, "the least spin", NULL},
+    {"backoff", (getter)spin_backoff, NULL, "waits left without spinning (a spin was preempted)", NULL},
+    {"preempted", (getter)spin_preempted, NULL, "spins cut short by preemption, ever", NULL},
     {NULL}};
 
-static PyTypeObject SpinType = {
+PyTypeObject SpinType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmserve._core.AdaptiveSpin",
     .tp_basicsize = sizeof(Spin),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -240,7 +242,7 @@ PyMODINIT_FUNC PyInit__core(void) {
   MappingType.tp_methods = joined_methods();
   if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0 || PyType_Ready(&SpinType) < 0 ||
       PyType_Ready(&ArenaAllocatorType) < 0 || PyType_Ready(&ArenaBlockType) < 0 ||
-      PyType_Ready(&ClientCoreType) < 0 || shms_py_client_ready() < 0)
+      PyType_Ready(&ClientCoreType) < 0 || PyType_Ready(&BatchType) < 0 || shms_py_client_ready() < 0)
     return NULL;
   shms_py_arena_full = PyErr_NewExceptionWithDoc(
       "shmserve._core.ArenaFull", "No free block of the arena is large enough.", NULL, NULL);
@@ -253,6 +255,7 @@ PyMODINIT_FUNC PyInit__core(void) {
       PyModule_AddObjectRef(m, "ArenaBlock", (PyObject *)&ArenaBlockType) < 0 ||
       PyModule_AddObjectRef(m, "ArenaFull", shms_py_arena_full) < 0 ||
       PyModule_AddObjectRef(m, "ClientCore", (PyObject *)&ClientCoreType) < 0 ||
+      PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
       shms_py_add_tensor_ref(m) < 0) {
     Py_DECREF(m);
     return NULL;

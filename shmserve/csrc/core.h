@@ -1,6 +1,6 @@
 /*
  * core.h — private to the Python extension shmserve._core (core.c, mapping.c, slots.c,
- * stats.c, arena.c, client.c, client_call.c): the Mapping type every segment is
+ * stats.c, arena.c, client.c, client_call.c, batch.c): the Mapping type every segment is
  * operated through, a client's arena allocator and blocks, the client's C core, and
  * their helpers. The protocol itself is in shmserve.h; these files only translate it
  * to Python (client_call.c runs a whole request with its procedures).
@@ -33,6 +33,13 @@ void shms_py_enter(Mapping *m);
 void shms_py_leave(Mapping *m);
 
 extern PyTypeObject MappingType;
+
+/* shmserve._core.AdaptiveSpin: a waiter's shms_spin (core.c) */
+typedef struct {
+  PyObject_HEAD
+  shms_spin spin;
+} Spin;
+extern PyTypeObject SpinType;
 extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple */
 
 /* Pointer to [off, off+len) inside the mapping, aligned to `align`, or NULL with an
@@ -89,6 +96,10 @@ PyObject *shms_py_block_new(ArenaAllocator *a, PyObject *mapping, uint64_t offse
 /* ---------------------------------------------------------------- client.c */
 
 extern PyTypeObject ClientCoreType;
+
+/* ---------------------------------------------------------------- batch.c */
+
+extern PyTypeObject BatchType; /* shmserve._core.Batch: a worker's batch in C */
 int shms_py_client_ready(void); /* interned names; -1 with an exception */
 
 #endif /* SHMS_CORE_H */

@@ -54,20 +54,35 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
   if (shms_load(sleeping, memory_order_seq_cst)) shms_futex_wake(word, n);
 }
 
+/* A yield that kept us off the CPU longer than this: another runnable process had it
+ * (on a quiet core sched_yield returns in about a microsecond; with a CPU-bound
+ * neighbour it gives away a scheduler slice, a millisecond or more). Spinning then
+ * takes CPU from that process, maybe the very one we wait for, and keeps us from the
+ * wake-up preemption a sleeper gets: sleep instead. */
+#define SHMS_SPIN_PREEMPTED_NS 50000
+
 /* Wait until *word != seen: spin spin_ns first, then sleep on the futex (at most
- * timeout_ns in all, <0 forever). Returns SHMS_WAKE_SPIN (1) if the word moved while
- * spinning, SHMS_WAKE_SLEEP (2) if after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout. */
-static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
-                                     SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
-                                     int64_t spin_ns, int64_t timeout_ns) {
-  uint64_t start = shms_now_ns();
+ * timeout_ns in all, <0 forever). The spin ends early when a yield was preempted
+ * (SHMS_SPIN_PREEMPTED_NS); *preempted (if not NULL) says whether it was.
+ * Returns SHMS_WAKE_SPIN (1) if the word moved while spinning, SHMS_WAKE_SLEEP (2) if
+ * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout. */
+static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
+                                       SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
+                                       int64_t spin_ns, int64_t timeout_ns, int *preempted) {
+  uint64_t start = shms_now_ns(), last = start;
+  if (preempted) *preempted = 0;
   for (;;) {
     if (shms_load(word, memory_order_acquire) != seen) return 1;
-    int64_t elapsed = (int64_t)(shms_now_ns() - start);
-    if (elapsed >= spin_ns) break;
+    uint64_t now = shms_now_ns();
+    if ((int64_t)(now - start) >= spin_ns) break;
+    if ((int64_t)(now - last) > SHMS_SPIN_PREEMPTED_NS) {
+      if (preempted) *preempted = 1;
+      break;
+    }
     /* Yield rather than pause: on a machine with few cores the process we wait for
      * may need this very CPU. */
     sched_yield();
+    last = now;
   }
   for (;;) {
     int64_t left = -1;
@@ -81,6 +96,12 @@ static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
     if (shms_load(word, memory_order_acquire) != seen) return 2;
   }
 }
+
+static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
+                                     SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
+                                     int64_t spin_ns, int64_t timeout_ns) {
+  return shms_doorbell_wait_x(word, sleeping, seen, spin_ns, timeout_ns, NULL);
+}
 #endif /* __linux__ */
 
 /* ------------------------------------------------------------- adaptive spinning */
@@ -90,11 +111,19 @@ static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
  * trip. A waiter therefore spins (yielding, see shms_doorbell_wait) for about as long
  * as its recent waits lasted, so a steady stream of requests never pays for a
  * wake-up, and falls back to the base spin when waits grow long, so an idle process
- * sleeps at once and uses no CPU. Every waiter of every language uses this one policy. */
+ * sleeps at once and uses no CPU. On a contended machine spinning costs others their
+ * CPU and gains nothing (the spinner is not running when the word moves): a wait whose
+ * spin was preempted turns spinning off for the next SHMS_SPIN_BACKOFF_WAITS waits,
+ * after which one spin probes again. Every waiter of every language uses this one
+ * policy (shms_spin_wait). */
+#define SHMS_SPIN_BACKOFF_WAITS 256
+
 typedef struct shms_spin {
   int64_t base_ns;    /* spin at least this long (0: never spin) */
   int64_t max_ns;     /* ... and at most this long */
   int64_t typical_ns; /* exponential average of recent waits */
+  int64_t backoff;    /* waits left without spinning: the last spin was preempted */
+  uint64_t preempted; /* spins cut short by preemption, ever (for statistics) */
 } shms_spin;
 
 static inline shms_spin shms_spin_make(int64_t base_ns, int64_t max_ns) {
@@ -102,11 +131,14 @@ static inline shms_spin shms_spin_make(int64_t base_ns, int64_t max_ns) {
   s.base_ns = base_ns > 0 ? base_ns : 0;
   s.max_ns = s.base_ns && max_ns > s.base_ns ? max_ns : s.base_ns;
   s.typical_ns = s.base_ns;
+  s.backoff = 0;
+  s.preempted = 0;
   return s;
 }
 
 /* The spin to use for the next wait. */
 static inline int64_t shms_spin_budget(const shms_spin *s) {
+  if (s->backoff > 0) return 0;
   if (s->base_ns == 0 || s->typical_ns > s->max_ns) return s->base_ns;
   int64_t b = s->typical_ns * 3 / 2;
   return b < s->base_ns ? s->base_ns : b > s->max_ns ? s->max_ns : b;
@@ -116,5 +148,31 @@ static inline int64_t shms_spin_budget(const shms_spin *s) {
 static inline void shms_spin_record(shms_spin *s, int64_t waited_ns) {
   s->typical_ns += (waited_ns - s->typical_ns) / 8;
 }
+
+/* Feeds how the last wait's spin went: preempted, spinning stops for a while. */
+static inline void shms_spin_outcome(shms_spin *s, int preempted) {
+  if (preempted) {
+    s->backoff = SHMS_SPIN_BACKOFF_WAITS;
+    s->preempted++;
+  } else if (s->backoff > 0) {
+    s->backoff--;
+  }
+}
+
+#ifdef __linux__
+/* One wait under the policy: spin its budget, sleep, learn from it. A wait that
+ * spun nothing (budget 0) counts down the backoff. Returns as shms_doorbell_wait. */
+static inline int shms_spin_wait(shms_spin *s, SHMS_ATOMIC(uint32_t) * word,
+                                 SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
+                                 int64_t timeout_ns) {
+  uint64_t start = shms_now_ns();
+  int preempted = 0;
+  int how = shms_doorbell_wait_x(word, sleeping, seen, shms_spin_budget(s), timeout_ns,
+                                 &preempted);
+  if (how) shms_spin_record(s, (int64_t)(shms_now_ns() - start));
+  shms_spin_outcome(s, preempted);
+  return how;
+}
+#endif
 
 #endif /* SHMS_WAIT_H */

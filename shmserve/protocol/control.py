@@ -148,6 +148,9 @@ class HelloReply(Message):
 @dataclasses.dataclass
 class ModelList(Message):
     models: list  # [ModelMetadata as a map]
+    # The server's readiness (Triton's /v2/health/ready) under its --strict-readiness;
+    # None: a server that does not say (then ready = every model READY).
+    ready: bool | None = None
 
 
 @dataclasses.dataclass

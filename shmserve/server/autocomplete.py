@@ -194,6 +194,10 @@ def complete_python_config(cfg: mc.ModelConfig, model_py: Path, where: str) -> N
 
     if not defines_auto_complete(model_py):
         return
+    # said at info, with the file as `model_code`: `shmserve validate` reports model code it ran
+    logging.getLogger("shmserve.repository").info(
+        "%s: running auto_complete_config of %s (in a process of its own)", where, model_py,
+        extra={"model_code": str(model_py)})
     # the child logs as this process does (the server's handler holds its options)
     log_options = next((h.opts for h in logging.getLogger().handlers
                         if isinstance(h, AppendHandler)), LogOptions())

@@ -151,12 +151,10 @@ class Batcher:
             # we want to catch at once; under load the CPU is better left to the workers.
             busy = any(self.maps.srv.load32(off) for off in states)
             # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
-            started = now_ns()
-            woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin.budget_ns(), timeout)
+            # (the spin policy, shms_spin_wait, decides and learns from this wait)
+            woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout)
             if woke:
                 self.maps.count_wake(L["server.batcher_wakeups"], woke)
-                if not busy:
-                    spin.record(now_ns() - started)
             elif deadline is None and not self.maps.parent_alive():
                 return
 

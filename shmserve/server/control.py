@@ -96,6 +96,12 @@ class ControlPlane:
             rows.sort(key=lambda m: (m.name, m.version))
         return rows
 
+    def ready(self, rows: list[P.ModelMetadata]) -> bool:
+        """Triton's server readiness, for a server that answers (it serves): with
+        --strict-readiness (the default) every model version READY, broken ones
+        included; without, ready as soon as it serves."""
+        return not self.opts.strict_readiness or all(m.state == "READY" for m in rows)
+
     def metadata(self, model_id: int) -> P.ModelMetadata:
         return P.ModelMetadata(**self.specs[model_id].metadata(model_id),
                                state=self.model_state.get(model_id, "LOADING"))
@@ -217,7 +223,8 @@ class ControlPlane:
             lease["send_fds"] = [self.leases[reply.client_id]["arena"].fd, self.control.fd]
             return reply
         if isinstance(msg, P.ListModels):
-            return P.ModelList([dataclasses.asdict(m) for m in self.model_list()])
+            rows = self.model_list()
+            return P.ModelList([dataclasses.asdict(m) for m in rows], ready=self.ready(rows))
         if isinstance(msg, P.GetMetadata):
             return self.metadata(self.find_model(msg.model, msg.version))
         if isinstance(msg, P.GetConfig):

@@ -60,6 +60,8 @@ class ServeOptions:
     exit_on_error: bool = True  # Triton's --exit-on-error: a broken model stops the start;
     # False: serve the good ones, the broken ones listed UNAVAILABLE with the reason
     auto_complete_config: bool = True  # Triton's default; --disable-auto-complete-config
+    strict_readiness: bool = True  # Triton's --strict-readiness: ready = every model READY;
+    # False: ready as soon as the server serves (its control socket answers)
     trace: TraceConfig | None = None  # --trace-config (tracing.py); None or level OFF: none
     http_port: int | None = None  # KServe v2 HTTP front (shmserve/front/); off unless given
     http_address: str = "127.0.0.1"

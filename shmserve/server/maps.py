@@ -30,6 +30,8 @@ class ServerMaps:
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
         self.coordinator_pid = boot["coordinator_pid"]
         self._arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
+        # {client_id: (lease, Mapping)} of _arenas, as _core.Batch.begin looks them up
+        self.mapped: dict[int, tuple[int, _core.Mapping]] = {}
         self._retired: list[Segment] = []  # mappings of ended leases, closed between batches
 
     # The client table is written by the coordinator only; clients never see it.
@@ -55,6 +57,7 @@ class ServerMaps:
             return cached[1], cached[2]
         if cached:  # an older lease of this client id: unmapped by drop_ended_leases
             self._retired.append(self._arenas.pop(client_id)[1])
+            del self.mapped[client_id]
         # /proc/<coordinator>/fd/<memfd>: the coordinator's descriptor of the arena
         _, _, size, path = self.srv.read_client_entry(self.layout.client(client_id))
         try:
@@ -75,6 +78,7 @@ class ServerMaps:
             return None
         layout = ArenaLayout(self.layout.slots_per_client, size)
         self._arenas[client_id] = (lease, seg, layout)
+        self.mapped[client_id] = (lease, seg.ops)
         return seg, layout
 
     def drop_ended_leases(self) -> None:
@@ -85,6 +89,7 @@ class ServerMaps:
         for client_id, (lease, seg, _) in list(self._arenas.items()):
             if self.lease_of(client_id) != (ClientState.ALIVE, lease):
                 del self._arenas[client_id]
+                del self.mapped[client_id]
                 self._retired.append(seg)
         while self._retired:
             self._retired.pop().close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -16,6 +17,7 @@ import traceback
 
 import numpy as np
 
+from .. import _core
 from ..backends import Instance, load_backend
 from ..logs import capture_model_output
 from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
@@ -68,11 +70,18 @@ class Worker:
         # --trace-config: None when tracing is off, so run_batch does not even look
         self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
         self.per_request = False  # Triton's python API: execute_requests()
+        # The common path's per-request work in C (_core.Batch, batch.c); BYTES tensors,
+        # the per-request API and traces take the Python path (run_batch).
+        self.batch = _core.Batch(self.maps.srv, self.model_off, self.mailbox)
+        self.in_dtypes = [None if t.dtype == BYTES else numpy_dtype(t.dtype) for t in self.spec.inputs]
+        self.fast = False  # set by load(): it depends on the backend
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
         self.backend = load_backend(self.spec, self.instance)
         self.per_request = getattr(self.backend, "per_request", False)
+        self.fast = (not self.per_request and self.tracer is None and
+                     all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
         # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
@@ -113,13 +122,12 @@ class Worker:
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
                 self.maps.drop_ended_leases()
                 dropped_at = started
-            woke = srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin.budget_ns(),
-                                     200_000_000)
+            # the spin policy (shms_spin_wait) decides, and learns from this wait
+            woke = srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin, 200_000_000)
             if not woke:
                 if not self.maps.parent_alive():
                     return
                 continue
-            spin.record(time.monotonic_ns() - started)
             self.maps.count_wake(wakeups, woke)
             self.run_mailbox()
             # SYNC POINT: pairs with the batcher's store of batcher_waiting then re-check
@@ -131,10 +139,56 @@ class Worker:
     def run_mailbox(self, again: bool = False) -> None:
         """Runs the batch in our mailbox, then marks it IDLE."""
         srv = self.maps.srv
-        self.run_batch(srv.mailbox_batch(self.mailbox), again)
+        if self.fast and not again:
+            self.run_fast()
+        else:
+            self.run_batch(srv.mailbox_batch(self.mailbox), again)
         # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
         # mailbox state in dispatch(); serve_forever then reads batcher_waiting.
         srv.store32(self.mailbox + L["mailbox.state"], MailboxState.IDLE)
+
+    def run_fast(self) -> None:
+        """The common path: the batch's bookkeeping in four kinds of C calls (begin,
+        input/gather, scatter, finish), Python for the model call and its checks."""
+        batch = self.batch
+        missing = batch.begin(self.maps.mapped)
+        if missing:  # a client's first request to this worker: map its arena, once
+            for client_id, lease in missing:
+                self.maps.arena(client_id, lease)
+            batch.begin(self.maps.mapped, False, False)  # an arena still missing: gone
+        if not len(batch):
+            return
+        t_input = time.monotonic_ns()
+        t_infer = t_output = None
+        try:
+            inputs = {}
+            for k, spec in enumerate(self.spec.inputs):
+                got = batch.input(k)
+                if got is None:  # an optional input the batch left out stays out
+                    continue
+                buf, offset, shape = got
+                dt = self.in_dtypes[k]
+                if buf is None:  # several requests: one copy each, into one array
+                    arr = np.empty(shape, dt)
+                    batch.gather(k, arr)
+                else:  # one request: a view of its caller's arena
+                    arr = np.frombuffer(buf, dt, math.prod(shape), offset).reshape(shape)
+                inputs[spec.name] = arr
+            inputs = self.to_model(inputs)
+            t_infer = time.monotonic_ns()
+            outputs = self.backend.execute(inputs)
+            t_output = time.monotonic_ns()
+            outputs = self.check_outputs(outputs, batch.rows)
+            for k, spec in enumerate(self.spec.outputs):
+                batch.scatter(k, np.ascontiguousarray(outputs[spec.name]))
+            status, msg = Status.OK, ""
+        except BatchError as e:
+            status, msg = e.status, str(e)
+        except Exception as e:  # the model raised: every caller of the batch hears why
+            status, msg = Status.INTERNAL, self.raised(e)
+        t_infer = t_infer or time.monotonic_ns()
+        t_output = t_output or time.monotonic_ns()
+        batch.finish(int(status), _clip(msg), t_input, t_infer, t_output)
 
     def run_batch(self, shadows: list[int], again: bool = False) -> None:
         live = []
@@ -405,7 +459,12 @@ def main() -> None:
     try:
         worker.serve_forever()
     finally:
-        worker.backend.close()
+        try:
+            worker.backend.close()
+        except Exception as e:  # a model failing in finalize() must not hide why, nor hang
+            log.error("model '%s' version %d instance %d: finalize raised %s: %s", model["name"],
+                      model["version"], boot["instance"], type(e).__name__, e)
+            sys.exit(4)
 
 
 if __name__ == "__main__":

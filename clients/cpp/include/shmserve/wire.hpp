@@ -313,7 +313,10 @@ struct HelloReply {
 
 struct ModelList {
   std::vector<ModelInfo> models;
-  template <class S, class V> static void visit(S &s, V &&v) { v("models", s.models); }
+  std::optional<bool> ready;  // the server's readiness under its --strict-readiness; none: not said
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("models", s.models), v("ready", s.ready, wire::kOptional);
+  }
 };
 
 struct ModelConfig {
