@@ -159,36 +159,51 @@ class Worker:
         if not len(batch):
             return
         t_input = time.monotonic_ns()
-        t_infer = t_output = None
+        status, msg, outputs, t_infer, t_output = self.execute_timed(
+            lambda: self.batch_inputs(batch), batch.rows)
+        if outputs is not None:
+            try:
+                for k, spec in enumerate(self.spec.outputs):
+                    batch.scatter(k, np.ascontiguousarray(outputs[spec.name]))
+            except Exception as e:  # cannot happen to checked outputs; answered, not lost
+                status, msg = Status.INTERNAL, self.raised(e)
+        batch.finish(int(status), _clip(msg), t_input, t_infer, t_output)
+
+    def batch_inputs(self, batch) -> dict:
+        """The inputs of the batch in hand (csrc/batch.c), in the model's shapes."""
+        inputs = {}
+        for k, spec in enumerate(self.spec.inputs):
+            got = batch.input(k)
+            if got is None:  # an optional input the batch left out stays out
+                continue
+            buf, offset, shape = got
+            dt = self.in_dtypes[k]
+            if buf is None:  # several requests: one copy each, into one array
+                arr = np.empty(shape, dt)
+                batch.gather(k, arr)
+            else:  # one request: a view of its caller's arena
+                arr = np.frombuffer(buf, dt, math.prod(shape), offset).reshape(shape)
+            inputs[spec.name] = arr
+        return self.to_model(inputs)
+
+    def execute_timed(self, gather, rows: int):
+        """One execution in Triton's compute stages: gather() the inputs, run the model,
+        check its outputs. Returns (status, message, outputs or None, t_infer, t_output);
+        a model that raises fails the whole batch, every caller hearing why."""
+        t_infer = t_output = outputs = None
         try:
-            inputs = {}
-            for k, spec in enumerate(self.spec.inputs):
-                got = batch.input(k)
-                if got is None:  # an optional input the batch left out stays out
-                    continue
-                buf, offset, shape = got
-                dt = self.in_dtypes[k]
-                if buf is None:  # several requests: one copy each, into one array
-                    arr = np.empty(shape, dt)
-                    batch.gather(k, arr)
-                else:  # one request: a view of its caller's arena
-                    arr = np.frombuffer(buf, dt, math.prod(shape), offset).reshape(shape)
-                inputs[spec.name] = arr
-            inputs = self.to_model(inputs)
+            inputs = gather()
             t_infer = time.monotonic_ns()
             outputs = self.backend.execute(inputs)
             t_output = time.monotonic_ns()
-            outputs = self.check_outputs(outputs, batch.rows)
-            for k, spec in enumerate(self.spec.outputs):
-                batch.scatter(k, np.ascontiguousarray(outputs[spec.name]))
+            outputs = self.check_outputs(outputs, rows)
             status, msg = Status.OK, ""
         except BatchError as e:
-            status, msg = e.status, str(e)
-        except Exception as e:  # the model raised: every caller of the batch hears why
-            status, msg = Status.INTERNAL, self.raised(e)
-        t_infer = t_infer or time.monotonic_ns()
-        t_output = t_output or time.monotonic_ns()
-        batch.finish(int(status), _clip(msg), t_input, t_infer, t_output)
+            status, msg, outputs = e.status, str(e), None
+        except Exception as e:
+            status, msg, outputs = Status.INTERNAL, self.raised(e), None
+        return (status, msg, outputs, t_infer or time.monotonic_ns(),
+                t_output or time.monotonic_ns())
 
     def run_batch(self, shadows: list[int], again: bool = False) -> None:
         live = []
@@ -233,20 +248,8 @@ class Worker:
     def execute_batch(self, live: list[Request]) -> tuple[list, int, int]:
         """The whole batch in one call (backend.execute: dicts of arrays), its outputs
         checked once and cut into each caller's rows. Returns (answers, t_infer, t_output)."""
-        t_infer = t_output = None
-        try:
-            inputs = self.gather(live)
-            t_infer = time.monotonic_ns()
-            outputs = self.backend.execute(inputs)
-            t_output = time.monotonic_ns()
-            outputs = self.check_outputs(outputs, sum(r.rows for r in live))
-            status, msg = Status.OK, ""
-        except BatchError as e:
-            status, msg = e.status, str(e)
-        except Exception as e:  # the model raised: every caller of the batch hears why
-            status, msg = Status.INTERNAL, self.raised(e)
-        t_infer = t_infer or time.monotonic_ns()
-        t_output = t_output or time.monotonic_ns()
+        status, msg, outputs, t_infer, t_output = self.execute_timed(
+            lambda: self.gather(live), sum(r.rows for r in live))
         row = 0
         answers = []
         for req in live:
