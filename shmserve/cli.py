@@ -189,10 +189,10 @@ def format_models(models: list[dict], statistics: list[dict]) -> str:
 
 
 def cmd_models(args) -> int:
-    from .client import Client
+    from . import protocol as P
 
-    with Client(args.name, arena_bytes=1 << 16) as c:
-        print(format_models(c.models(), c.statistics()))
+    models, stats = _ask(args.name, P.ListModels(), P.GetStats())
+    print(format_models(models.models, stats.model_stats))
     return 0
 
 
@@ -221,11 +221,12 @@ def format_stats(model_stats: list[dict]) -> str:
 
 
 def cmd_stats(args) -> int:
-    from .client import Client
+    from . import protocol as P
+    from .client.request import version_key
     from .server.statistics import triton_only
 
-    with Client(args.name, arena_bytes=1 << 16) as c:
-        stats = c.statistics(args.model, args.version)
+    (reply,) = _ask(args.name, P.GetStats(args.model, version_key(args.version)))
+    stats = reply.model_stats
     if args.json:  # the statistics extension's response, as Triton's HTTP front gives it
         print(json.dumps({"model_stats": [triton_only(s) for s in stats]}, indent=2))
     else:
@@ -283,6 +284,27 @@ def _control_connect(name: str, timeout: float) -> socket.socket:
         sock.close()
         raise _NoServer(f"no server '{name}' ({path}: {e.strerror or e})") from None
     return sock
+
+
+def _ask(name: str, *requests, timeout: float = 10.0) -> list:
+    """Read-only control requests on one bare connection (no lease, no arena): their
+    replies, in order; an error reply raises as the client's would."""
+    from . import errors
+    from . import protocol as P
+
+    deadline = time.monotonic() + timeout
+    try:
+        sock = _control_connect(name, timeout)
+        try:
+            replies = [_control_call(sock, r, deadline, name) for r in requests]
+        finally:
+            sock.close()
+    except _NoServer as e:
+        raise errors.ServerDeadError(str(e)) from None
+    for reply in replies:
+        if isinstance(reply, P.ErrorReply):
+            raise errors.from_status(reply.code, reply.error, reply.type)
+    return replies
 
 
 def check_health(name: str, ready: bool = False, model: str | None = None,
