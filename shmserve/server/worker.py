@@ -20,7 +20,7 @@ import numpy as np
 from .. import _core
 from ..backends import Instance, load_backend
 from ..logs import capture_model_output
-from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
+from ..protocol import (ERROR_BYTES, LAYOUT, clip_error, decode_parameters, DataType, MailboxState, Status, Timestamp, decode_bytes,
                         encode_bytes, numpy_dtype)
 from . import reshape, warmup
 from .repository import ModelSpec
@@ -44,11 +44,13 @@ class Request:
     """One request of a batch, as the batcher validated it (a server-private copy)."""
 
     __slots__ = ("client_id", "slot", "generation", "lease", "rows", "inputs", "outputs",
-                 "taken_ns", "arena", "slot_off")
+                 "taken_ns", "params_off", "params_bytes", "parameters", "arena", "slot_off")
 
     def __init__(self, maps: ServerMaps, shadow_index: int):
         (self.client_id, self.slot, self.generation, self.lease, self.rows, self.inputs,
-         self.outputs, self.taken_ns) = maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
+         self.outputs, self.taken_ns, self.params_off, self.params_bytes) = \
+            maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
+        self.parameters = {}  # decoded by decode_parameters() for models that read them
         self.arena = None
         self.slot_off = 0
 
@@ -80,7 +82,10 @@ class Worker:
     def load(self) -> None:
         self.backend = load_backend(self.spec, self.instance)
         self.per_request = getattr(self.backend, "per_request", False)
-        self.fast = (not self.per_request and self.tracer is None and
+        # Models that read request parameters (Triton's API, or a numpy-dict execute with
+        # a `requests` argument) take the Python path; the others never decode them.
+        self.reads_parameters = self.per_request or getattr(self.backend, "wants_requests", False)
+        self.fast = (not self.reads_parameters and self.tracer is None and
                      all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
@@ -186,15 +191,17 @@ class Worker:
             inputs[spec.name] = arr
         return self.to_model(inputs)
 
-    def execute_timed(self, gather, rows: int):
+    def execute_timed(self, gather, rows: int, requests: list | None = None):
         """One execution in Triton's compute stages: gather() the inputs, run the model,
         check its outputs. Returns (status, message, outputs or None, t_infer, t_output);
-        a model that raises fails the whole batch, every caller hearing why."""
+        a model that raises fails the whole batch, every caller hearing why. requests:
+        per request (rows, parameters), for a numpy-dict model that takes them."""
         t_infer = t_output = outputs = None
         try:
             inputs = gather()
             t_infer = time.monotonic_ns()
-            outputs = self.backend.execute(inputs)
+            outputs = (self.backend.execute(inputs) if requests is None
+                       else self.backend.execute(inputs, requests))
             t_output = time.monotonic_ns()
             outputs = self.check_outputs(outputs, rows)
             status, msg = Status.OK, ""
@@ -219,6 +226,8 @@ class Worker:
         if not live:
             return
         live = self.decode_bytes_inputs(live)
+        if self.reads_parameters:
+            live = self.decode_parameters(live)
         if not live:
             return
         # Triton's three compute stages: gather the inputs, run the model, check and
@@ -248,8 +257,9 @@ class Worker:
     def execute_batch(self, live: list[Request]) -> tuple[list, int, int]:
         """The whole batch in one call (backend.execute: dicts of arrays), its outputs
         checked once and cut into each caller's rows. Returns (answers, t_infer, t_output)."""
+        requests = ([(r.rows, r.parameters) for r in live] if self.reads_parameters else None)
         status, msg, outputs, t_infer, t_output = self.execute_timed(
-            lambda: self.gather(live), sum(r.rows for r in live))
+            lambda: self.gather(live), sum(r.rows for r in live), requests)
         row = 0
         answers = []
         for req in live:
@@ -269,7 +279,7 @@ class Worker:
         ins, outs = self.spec.inputs, self.spec.outputs
         requests = [([(ins[ref[0]].name, self.model_view(req.arena.buffer, ref))
                       for ref in req.inputs],
-                     [outs[ref[0]].name for ref in req.outputs]) for req in live]
+                     [outs[ref[0]].name for ref in req.outputs], req.parameters) for req in live]
         t_infer = time.monotonic_ns()
         try:
             results = self.backend.execute_requests(requests)
@@ -277,7 +287,7 @@ class Worker:
             results = [(Status.INTERNAL, self.raised(e))] * len(live)
         t_output = time.monotonic_ns()
         answers = []
-        for req, (_, requested), result in zip(live, requests, results):
+        for req, (_, requested, _), result in zip(live, requests, results):
             req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
             if type(result) is tuple:  # (status, message): this request's error
                 answers.append((*result, []))
@@ -293,6 +303,24 @@ class Worker:
         return f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
+    def decode_parameters(self, live: list[Request]) -> list[Request]:
+        """Decodes each request's parameters from its caller's arena. The batcher checked
+        them, but the caller may have rewritten them since: a request whose bytes no longer
+        decode fails alone, with the same message."""
+        kept = []
+        for req in live:
+            if req.params_bytes:
+                try:
+                    req.parameters = decode_parameters(
+                        req.arena.buffer[req.params_off:req.params_off + req.params_bytes])
+                except ValueError as e:
+                    self.maps.record_answers(self.model_id, [(int(Status.INVALID_ARG), req.taken_ns)])
+                    req.arena.ops.complete(req.slot_off, req.generation, int(Status.INVALID_ARG),
+                                           _clip(f"model '{self.spec.name}': {e}"), [])
+                    continue
+            kept.append(req)
+        return kept
+
     def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:
         """Parses BYTES inputs request by request: a malformed one fails only its own
         request. Parsed arrays replace the buffer references in req.inputs."""
@@ -356,10 +384,13 @@ class Worker:
         inputs = self.to_model(inputs)
         if self.per_request:  # Triton's python API: one request through execute(requests)
             (result,) = self.backend.execute_requests(
-                [(list(inputs.items()), [t.name for t in self.spec.outputs])])
+                [(list(inputs.items()), [t.name for t in self.spec.outputs], {})])
             if type(result) is tuple:  # (status, message): the request's error
                 raise BatchError(*result)
             self.check_outputs(result, rows)
+            return
+        if getattr(self.backend, "wants_requests", False):  # one request, no parameters
+            self.check_outputs(self.backend.execute(inputs, [(rows, {})]), rows)
             return
         self.check_outputs(self.backend.execute(inputs), rows)
 
@@ -428,9 +459,7 @@ class Worker:
         return Status.OK, "", results
 
 
-def _clip(message: str, limit: int = ERROR_BYTES - 1) -> str:
-    """An error message that fits the slot, cut on a UTF-8 character boundary."""
-    return message.encode()[:limit].decode(errors="ignore")
+_clip = clip_error
 
 
 def report_load(boot: dict, message: dict) -> None:

@@ -20,6 +20,9 @@ class Pending:
     arena: object  # its client's arena mapping: opaque to a policy
     slot_off: int  # its slot in that arena: opaque to a policy
     generation: int = 0  # of the slot's request, to answer it
+    priority: int = 0  # the request's priority option (0: the model's default level)
+    timeout_us: int = 0  # its timeout option; once queued, the queue timeout that applies
+    queue_index: int = -1  # FifoQueue: which of its queues holds it (-1: none)
 
 
 class Rejection(NamedTuple):
