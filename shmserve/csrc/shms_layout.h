@@ -379,7 +379,7 @@ typedef struct shms_model_entry {
   uint32_t n_outputs;
   SHMS_ATOMIC(uint32_t) ready; /* 1 once every instance has loaded */
   uint32_t optional_inputs;    /* bit k: input k may be left out (config `optional: true`) */
-  SHMS_ATOMIC(uint32_t) answer_turn; /* preserve_ordering: the batch ticket whose answers go next */
+  SHMS_ATOMIC(uint32_t) answer_turn; /* preserve_ordering: the last batch ticket answered */
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
   shms_model_stats stats;
@@ -401,11 +401,11 @@ typedef struct shms_shadow {
 typedef struct shms_mailbox {
   SHMS_ATOMIC(uint32_t) state; /* futex: enum shms_mailbox_state, IDLE <-> ASSIGNED */
   SHMS_ATOMIC(uint32_t) worker_sleeping;
-  uint32_t reserved0;
+  SHMS_ATOMIC(uint32_t) order_waiting; /* worker: may sleep on its model's answer_turn */
   uint32_t n;   /* requests in shadow[], written before state becomes ASSIGNED */
   uint32_t pid; /* worker's pid, 0 until it started, SHMS_MAILBOX_RETIRED once retired */
   SHMS_ATOMIC(uint32_t) batcher_waiting; /* batcher has work for this model: ring when idle */
-  uint64_t ticket; /* preserve_ordering: the batch's answer turn + 1 (0: answer at once) */
+  uint64_t ticket; /* preserve_ordering: the batch's ticket, 1..2^32-1 (0: answer at once) */
   uint32_t attempt; /* 0 when handed over; 1 while a successor re-runs it (retry_on_worker_crash) */
   uint32_t reserved2;
   SHMS_ATOMIC(uint64_t) wakeups[3]; /* worker: its waits by enum shms_wake */
@@ -530,7 +530,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(mailbox, shms_mailbox, state) F(mailbox, shms_mailbox, worker_sleeping)             \
   F(mailbox, shms_mailbox, n) F(mailbox, shms_mailbox, pid)                             \
   F(mailbox, shms_mailbox, batcher_waiting) F(mailbox, shms_mailbox, attempt)           \
-  F(mailbox, shms_mailbox, ticket)                                                      \
+  F(mailbox, shms_mailbox, ticket) F(mailbox, shms_mailbox, order_waiting)              \
   F(mailbox, shms_mailbox, wakeups) F(mailbox, shms_mailbox, executions)                \
   F(mailbox, shms_mailbox, shadow)                                                      \
   S(server, shms_server_header)                                                         \

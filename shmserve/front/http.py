@@ -216,10 +216,11 @@ class Front:
             filler.feed(chunk)
         filler.close()
         names, binary = codec.wanted_outputs(header)
+        options = codec.request_options(header)
         arrays = {t.name: t.finish() for t in inputs}
         async with self.in_flight:
             try:
-                result = await self.client.infer_async(model, arrays, names, version)
+                result = await self.client.infer_async(model, arrays, names, version, **options)
             except errors.ModelNotFoundError:
                 raise HttpError(404, _not_found_message(model, version)) from None
         datatypes = {t["name"]: t["datatype"] for t in

@@ -35,6 +35,7 @@ class Model:
     workers: list[int]  # its instances' worker indexes
     scheduler: Scheduler
     pending: int = 0  # queue length last written to the model's statistics
+    ticket: int = 0  # preserve_ordering: the last batch ticket handed out
 
 
 class Batcher:
@@ -45,7 +46,13 @@ class Batcher:
         for model_id, d in enumerate(boot["models"]):
             spec = ModelSpec.from_dict(d)
             workers = [w for w, m in enumerate(boot["worker_models"]) if m == model_id]
-            self.models.append(Model(model_id, spec, workers, make_scheduler(spec)))
+            model = Model(model_id, spec, workers, make_scheduler(spec))
+            if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
+                srv, layout = self.maps.srv, self.maps.layout
+                model.ticket = max([srv.load32(layout.model(model_id) + L["model.answer_turn"])]
+                                   + [srv.load64(layout.mailbox(w) + L["mailbox.ticket"])
+                                      & 0xFFFFFFFF for w in workers])
+            self.models.append(model)
         self.intake = Intake(self.maps, [m.scheduler for m in self.models])
 
     # -- 3. hand batches to idle workers -------------------------------------------
@@ -124,9 +131,13 @@ class Batcher:
             p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)
         self.maps.srv.record_waits(self.maps.layout.model(q.model_id), Duration.QUEUE,
                                    [p.arrived_ns for p in batch])
+        mb = self.maps.layout.mailbox(worker)
+        if q.spec.preserve_ordering:  # the worker answers after the batches handed out before
+            q.ticket = q.ticket % 0xFFFFFFFF + 1  # 1 .. 2^32-1: 0 means unordered
+            self.maps.srv.store64(mb + L["mailbox.ticket"], q.ticket)
         # SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
-        # worker's doorbell_wait on its mailbox state.
-        self.maps.srv.mailbox_assign(self.maps.layout.mailbox(worker), [p.shadow for p in batch])
+        # worker's doorbell_wait on its mailbox state; the ticket is stored before it.
+        self.maps.srv.mailbox_assign(mb, [p.shadow for p in batch])
 
     # -- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:

@@ -3,7 +3,7 @@
 A field whose absence would change what a caller gets back (a sequence's requests
 reaching different instances, a ragged batch, a decoupled model answered once) is
 refused with a ConfigError naming it; one that only changes when or how fast
-requests run (priorities, the response cache, pinned memory, CUDA graphs) is loaded
+requests run (the response cache, pinned memory, CUDA graphs) is loaded
 with a warning naming it. Everything else set in a config is implemented; a
 backend's own parameters and options are checked by the backend (backends/).
 """
@@ -26,7 +26,7 @@ IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "inpu
 REFUSED = {"sequence_batching", "ensemble_scheduling", "batch_input", "batch_output"}
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
                        "default_queue_policy", "priority_levels", "default_priority_level",
-                       "priority_queue_policy"}
+                       "priority_queue_policy", "preserve_ordering"}
 TENSOR_IMPLEMENTED = {"name", "data_type", "dims", "reshape", "optional", "label_filename"}
 TENSOR_REFUSED = {"allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io"}
 # optimization: the onnxruntime backend applies graph and execution_accelerators

@@ -77,6 +77,12 @@ class Worker:
         self.batch = _core.Batch(self.maps.srv, self.model_off, self.mailbox)
         self.in_dtypes = [None if t.dtype == BYTES else numpy_dtype(t.dtype) for t in self.spec.inputs]
         self.fast = False  # set by load(): it depends on the backend
+        # preserve_ordering: answers wait for the batches handed out before (maps.py);
+        # the instances of a model have consecutive worker indexes.
+        self.ordered = self.spec.preserve_ordering
+        first = self.index - boot.get("instance", 0)
+        self.siblings = [self.maps.layout.mailbox(w)
+                         for w in range(first, first + self.spec.instance_count)]
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
@@ -148,6 +154,10 @@ class Worker:
             self.run_fast()
         else:
             self.run_batch(srv.mailbox_batch(self.mailbox), again)
+        if self.ordered:  # a batch that answered nobody (callers gone) ends its turn too
+            ticket = srv.load64(self.mailbox + L["mailbox.ticket"]) & 0xFFFFFFFF
+            if ticket:
+                self.maps.end_answer_turn(self.model_id, ticket)
         # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
         # mailbox state in dispatch(); serve_forever then reads batcher_waiting.
         srv.store32(self.mailbox + L["mailbox.state"], MailboxState.IDLE)
@@ -172,7 +182,10 @@ class Worker:
                     batch.scatter(k, np.ascontiguousarray(outputs[spec.name]))
             except Exception as e:  # cannot happen to checked outputs; answered, not lost
                 status, msg = Status.INTERNAL, self.raised(e)
+        ticket = self.answer_turn() if self.ordered else 0
         batch.finish(int(status), _clip(msg), t_input, t_infer, t_output)
+        if ticket:
+            self.maps.end_answer_turn(self.model_id, ticket)
 
     def batch_inputs(self, batch) -> dict:
         """The inputs of the batch in hand (csrc/batch.c), in the model's shapes."""
@@ -190,6 +203,14 @@ class Worker:
                 arr = np.frombuffer(buf, dt, math.prod(shape), offset).reshape(shape)
             inputs[spec.name] = arr
         return self.to_model(inputs)
+
+    def answer_turn(self) -> int:
+        """preserve_ordering: waits for the batches handed out before ours to answer;
+        returns our ticket (end_answer_turn after answering), 0 if the batch has none."""
+        ticket = self.maps.srv.load64(self.mailbox + L["mailbox.ticket"]) & 0xFFFFFFFF
+        if ticket:
+            self.maps.wait_answer_turn(self.model_id, ticket, self.siblings, self.mailbox)
+        return ticket
 
     def execute_timed(self, gather, rows: int, requests: list | None = None):
         """One execution in Triton's compute stages: gather() the inputs, run the model,
@@ -246,11 +267,14 @@ class Worker:
                                             for req, (st, _, _) in zip(live, answers)])
         srv.add64(self.mailbox + L["mailbox.executions"], 1)
         traced = self.tracer.sample(live) if self.tracer is not None else None
+        ticket = self.answer_turn() if self.ordered else 0
         for req, (st, m, results) in zip(live, answers):
             try:
                 req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
             except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
                 log.warning("client %d: could not answer: %s", req.client_id, e)
+        if ticket:
+            self.maps.end_answer_turn(self.model_id, ticket)
         if traced:
             self.tracer.send(traced, t_input, t_infer, t_output, done)
 
