@@ -24,12 +24,13 @@ from .result import InferResult
 __all__ = ["Client", "InferResult", "SPIN_US", "MAX_SPIN_US"]
 
 
-def _options(priority, timeout_us, parameters):
+def _options(priority, timeout_us, parameters, sequence_id=0, sequence_start=False,
+             sequence_end=False):
     """The engine's options tuple (None when all are defaults: the common case)."""
-    if not (priority or timeout_us or parameters):
+    if not (priority or timeout_us or parameters or sequence_id or sequence_start or sequence_end):
         return None
     try:
-        return P.options(priority, timeout_us, parameters)
+        return P.options(priority, timeout_us, parameters, sequence_id, sequence_start, sequence_end)
     except (ValueError, TypeError) as e:
         raise errors.InvalidArgumentError(str(e)) from None
 
@@ -85,7 +86,8 @@ class Client:
     # -- requests -------------------------------------------------------------------------
     def infer(self, model: str, inputs, outputs=None, version: int | None = None,
               timeout: float | None = None, copy: bool = False, *, priority: int = 0,
-              timeout_us: int = 0, parameters=None) -> InferResult:
+              timeout_us: int = 0, parameters=None, sequence_id: int | str = 0,
+              sequence_start: bool = False, sequence_end: bool = False) -> InferResult:
         """Runs one request and waits for it. inputs: {name: array} (or a list in the
         model's input order); outputs: names to return (default: all). With copy=True
         the outputs are private copies and the arena is released at once. `timeout`
@@ -95,26 +97,34 @@ class Client:
         default_priority_level), timeout_us (the server's queue timeout for this request,
         honoured where the model's queue policy has allow_timeout_override; 0 = the
         model's), parameters ({name: bool | int | float | str}, Triton's request
-        parameters, given to the model)."""
+        parameters, given to the model); for a model with sequence_batching,
+        sequence_id (Triton's correlation id: a non-zero integer or a non-empty string),
+        sequence_start and sequence_end (the first and last request of the sequence)."""
         return self.engine.infer(model, inputs, outputs, version, timeout, copy,
-                                 _options(priority, timeout_us, parameters))
+                                 _options(priority, timeout_us, parameters, sequence_id,
+                                          sequence_start, sequence_end))
 
     def submit(self, model: str, inputs, outputs=None, version: int | None = None,
                copy: bool = False, *, priority: int = 0, timeout_us: int = 0,
-               parameters=None) -> concurrent.futures.Future:
+               parameters=None, sequence_id: int | str = 0, sequence_start: bool = False,
+               sequence_end: bool = False) -> concurrent.futures.Future:
         """Sends a request and returns at once; the Future resolves to an InferResult.
         Many requests may be in flight from one caller (up to the slots of the lease).
-        Request options as infer()'s."""
+        Request options as infer()'s. The requests of one sequence submitted without
+        waiting run in the order submitted."""
         return self.engine.submit(model, inputs, outputs, version, copy,
-                                  _options(priority, timeout_us, parameters))
+                                  _options(priority, timeout_us, parameters, sequence_id,
+                                           sequence_start, sequence_end))
 
     async def infer_async(self, model: str, inputs, outputs=None, version: int | None = None,
                           copy: bool = False, *, priority: int = 0, timeout_us: int = 0,
-                          parameters=None) -> InferResult:
+                          parameters=None, sequence_id: int | str = 0, sequence_start: bool = False,
+                          sequence_end: bool = False) -> InferResult:
         """asyncio form of infer()."""
         return await asyncio.wrap_future(self.submit(
             model, inputs, outputs, version, copy, priority=priority, timeout_us=timeout_us,
-            parameters=parameters))
+            parameters=parameters, sequence_id=sequence_id, sequence_start=sequence_start,
+            sequence_end=sequence_end))
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -307,10 +307,17 @@ class Engine:
         params_at = size  # the packed parameters after the output buffers, as the C path
         if packed:
             size += _aligned(len(packed))
+        string_id = req.options[5] if req.options is not None and len(req.options) > 5 else None
+        string_id_at = size  # a string correlation id after them (the Python path only)
+        if string_id:
+            size += _aligned(len(string_id))
         block = self.alloc(size, f"request to model '{plan.name}'")
         if packed:
             self._ops.put(block + params_at, packed)
         req.params_offset = block + params_at if packed else 0
+        if string_id:
+            self._ops.put(block + string_id_at, string_id)
+        req.string_id_offset = block + string_id_at if string_id else 0
         refs = []
         for index, code, data, offset, nbytes, shape in layout:
             if data is not None:
@@ -331,10 +338,11 @@ class Engine:
             if req.options is None:
                 self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
             else:
-                flags, priority, timeout_us, packed, sequence_id = req.options
+                flags, priority, timeout_us, packed, sequence_id, *string_id = req.options
                 self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs,
                                         flags, priority, timeout_us, req.params_offset,
-                                        len(packed) if packed else 0, sequence_id)
+                                        len(packed) if packed else 0, sequence_id,
+                                        req.string_id_offset, len(string_id[0]) if string_id else 0)
         except (ValueError, TypeError, OverflowError) as e:  # e.g. more dims than MAX_DIMS
             self._core.release_slot(slot)
             raise errors.InvalidArgumentError(f"model '{req.plan.name}': {e}") from None

@@ -41,7 +41,8 @@ class Request:
     (output buffer too small), and alive while the server reads them."""
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
-                 "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset")
+                 "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset",
+                 "string_id_offset")
 
 
 def version_key(version) -> int | None:

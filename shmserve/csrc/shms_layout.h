@@ -78,6 +78,7 @@ using namespace shms_detail;
 #define SHMS_BATCH_STATS 1024       /* per-batch-size statistics: sizes 1..1023, 1024+ in [1023] */
 #define SHMS_LATENCY_BUCKETS 320    /* log-linear duration histogram, shms_latency_bucket() */
 #define SHMS_MAX_PARAMETER_BYTES 65536 /* shms_request.parameters_bytes limit (msgpack map) */
+#define SHMS_MAX_SEQUENCE_ID_BYTES 256 /* shms_request.sequence_id_bytes limit (string id) */
 /* shms_request.flags: Triton's request flags (sequence batching reads them; a model
  * without it ignores them). Any other bit is refused. */
 #define SHMS_REQUEST_SEQUENCE_START 1u
@@ -94,6 +95,7 @@ using namespace shms_detail;
   X(BATCH_HIST, SHMS_BATCH_HIST) X(MAILBOX_RETIRED, SHMS_MAILBOX_RETIRED)             \
   X(BATCH_STATS, SHMS_BATCH_STATS) X(LATENCY_BUCKETS, SHMS_LATENCY_BUCKETS)            \
   X(MAX_PARAMETER_BYTES, SHMS_MAX_PARAMETER_BYTES)                                     \
+  X(MAX_SEQUENCE_ID_BYTES, SHMS_MAX_SEQUENCE_ID_BYTES)                                 \
   X(REQUEST_SEQUENCE_START, SHMS_REQUEST_SEQUENCE_START)                               \
   X(REQUEST_SEQUENCE_END, SHMS_REQUEST_SEQUENCE_END)
 
@@ -242,8 +244,9 @@ typedef struct shms_tensor_ref {
 } shms_tensor_ref;
 
 /* What a client asks for. Written by the client while the slot is FREE. The options
- * (flags .. sequence_id) are 0 for "the model's default" / "none": shms_slot_begin
- * zeroes them, a client sets those it uses. */
+ * (flags .. reserved) are 0 for "the model's default" / "none": shms_slot_begin
+ * zeroes them, a client sets those it uses. A sequence's correlation id is either
+ * numeric (sequence_id) or a string (sequence_id_offset/_bytes), never both. */
 typedef struct shms_request {
   uint32_t model_id; /* index in the server's model table (from the control socket) */
   uint32_t n_inputs;
@@ -253,8 +256,10 @@ typedef struct shms_request {
   uint32_t parameters_bytes; /* msgpack map of request parameters, 0..SHMS_MAX_PARAMETER_BYTES */
   uint64_t timeout_us;        /* queue timeout; 0: the model's; used if allow_timeout_override */
   uint64_t parameters_offset; /* arena offset of the parameters (any alignment) */
-  uint64_t sequence_id;       /* correlation id for sequence batching; 0: none */
-  uint64_t reserved[2];       /* 0 (string correlation ids, later) */
+  uint64_t sequence_id;       /* numeric correlation id for sequence batching; 0: none */
+  uint64_t sequence_id_offset; /* arena offset of a string correlation id (any alignment) */
+  uint32_t sequence_id_bytes;  /* its UTF-8 bytes, 1..SHMS_MAX_SEQUENCE_ID_BYTES; 0: none */
+  uint32_t reserved;           /* 0 */
   shms_tensor_ref inputs[SHMS_MAX_TENSORS];
   shms_tensor_ref outputs[SHMS_MAX_TENSORS]; /* index, offset, nbytes (capacity) */
 } shms_request;
@@ -392,7 +397,7 @@ typedef struct shms_shadow {
   uint32_t generation; /* the slot's request generation */
   uint32_t lease;      /* the client's lease generation (shms_client_entry.generation) */
   uint32_t batch_rows; /* first dimension of the inputs, 1 for unbatched models */
-  uint32_t reserved;   /* 0 */
+  uint32_t sequence_slot; /* batcher, at hand-over: a sequence's batch slot + 1; 0: none */
   uint64_t taken_ns;   /* when the batcher took it off the ring: request durations start */
   shms_request request;
 } shms_shadow;
@@ -475,7 +480,8 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(request, shms_request, n_outputs) F(request, shms_request, flags)                   \
   F(request, shms_request, priority) F(request, shms_request, parameters_bytes)         \
   F(request, shms_request, timeout_us) F(request, shms_request, parameters_offset)      \
-  F(request, shms_request, sequence_id)                                                 \
+  F(request, shms_request, sequence_id) F(request, shms_request, sequence_id_offset)    \
+  F(request, shms_request, sequence_id_bytes)                                           \
   F(request, shms_request, inputs) F(request, shms_request, outputs)                    \
   S(ring_cell, shms_ring_cell)                                                          \
   F(ring_cell, shms_ring_cell, seq) F(ring_cell, shms_ring_cell, client_id)             \
@@ -525,6 +531,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(shadow, shms_shadow, client_id) F(shadow, shms_shadow, slot)                        \
   F(shadow, shms_shadow, generation) F(shadow, shms_shadow, lease)                      \
   F(shadow, shms_shadow, batch_rows) F(shadow, shms_shadow, taken_ns)                   \
+  F(shadow, shms_shadow, sequence_slot)                                                 \
   F(shadow, shms_shadow, request)                                                       \
   S(mailbox, shms_mailbox)                                                              \
   F(mailbox, shms_mailbox, state) F(mailbox, shms_mailbox, worker_sleeping)             \

@@ -162,6 +162,17 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
     SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
               "model '%s': request parameters [%llu, +%u) are outside the caller's arena", model,
               (unsigned long long)r->parameters_offset, r->parameters_bytes);
+  if (r->sequence_id_bytes > SHMS_MAX_SEQUENCE_ID_BYTES)
+    SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': the string correlation id holds %u bytes (limit %d)",
+              model, r->sequence_id_bytes, SHMS_MAX_SEQUENCE_ID_BYTES);
+  if (r->sequence_id_bytes && r->sequence_id)
+    SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': the request carries both a numeric and a string "
+              "correlation id", model);
+  if (r->sequence_id_bytes && (r->sequence_id_offset < data_begin || r->sequence_id_offset > data_end ||
+                               r->sequence_id_bytes > data_end - r->sequence_id_offset))
+    SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
+              "model '%s': the string correlation id [%llu, +%u) is outside the caller's arena", model,
+              (unsigned long long)r->sequence_id_offset, r->sequence_id_bytes);
   *batch_rows = batched ? (uint32_t)rows : 1u;
   return SHMS_OK;
 #undef SHMS_FAIL
@@ -203,6 +214,7 @@ static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
   sh->generation = gen;
   sh->lease = lease;
   sh->batch_rows = 0;
+  sh->sequence_slot = 0;
   uint32_t model_id = sh->request.model_id;
   if (model_id >= n_models) {
     snprintf(err, err_bytes, "request names an unknown model id %u", model_id);

@@ -29,8 +29,8 @@
  * (model_id, counts and tensor refs; options, zeroed here, if it uses any). */
 static inline shms_request *shms_slot_begin(shms_slot *s) {
   s->t_ns[SHMS_T_CLIENT_WRITE] = shms_now_ns();
-  /* The options default to 0 ("the model's default", "none"): one 32-byte store. */
-  memset(&s->request.flags, 0, offsetof(shms_request, reserved) - offsetof(shms_request, flags));
+  /* The options default to 0 ("the model's default", "none"): the rest of the header. */
+  memset(&s->request.flags, 0, offsetof(shms_request, inputs) - offsetof(shms_request, flags));
   return &s->request;
 }
 
@@ -40,7 +40,7 @@ static inline shms_request *shms_slot_begin(shms_slot *s) {
  * SUBMITTED -> QUEUED in shms_take_request. */
 static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
   uint64_t t0 = s->t_ns[SHMS_T_CLIENT_WRITE];
-  s->request.reserved[0] = s->request.reserved[1] = 0;
+  s->request.reserved = 0;
   s->generation = gen;
   s->status = -1;
   s->n_results = 0;

@@ -303,15 +303,17 @@ static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
 /* ---------------------------------------------------------------- client side */
 
 /* Client: write_request(slot_off, generation, model_id, inputs, outputs[, flags,
- * priority, timeout_us, parameters_offset, parameters_bytes, sequence_id]) fills a
+ * priority, timeout_us, parameters_offset, parameters_bytes, sequence_id,
+ * sequence_id_offset, sequence_id_bytes]) fills a
  * FREE slot in place and publishes it SUBMITTED (shms_slot_begin/submit). The caller
  * pushes the ring entry afterwards (push_request). */
 static PyObject *m_write_request(Mapping *self, PyObject *args) {
-  unsigned long long off, timeout_us = 0, params_off = 0, sequence_id = 0;
-  unsigned int gen, model_id, flags = 0, priority = 0, params_bytes = 0;
+  unsigned long long off, timeout_us = 0, params_off = 0, sequence_id = 0, sid_off = 0;
+  unsigned int gen, model_id, flags = 0, priority = 0, params_bytes = 0, sid_bytes = 0;
   PyObject *inputs, *outputs;
-  if (!PyArg_ParseTuple(args, "KIIOO|IIKKIK", &off, &gen, &model_id, &inputs, &outputs, &flags,
-                        &priority, &timeout_us, &params_off, &params_bytes, &sequence_id))
+  if (!PyArg_ParseTuple(args, "KIIOO|IIKKIKKI", &off, &gen, &model_id, &inputs, &outputs, &flags,
+                        &priority, &timeout_us, &params_off, &params_bytes, &sequence_id,
+                        &sid_off, &sid_bytes))
     return NULL;
   shms_slot *s = slot_at(self, off);
   if (!s) return NULL;
@@ -322,6 +324,8 @@ static PyObject *m_write_request(Mapping *self, PyObject *args) {
   r->parameters_offset = params_off;
   r->parameters_bytes = params_bytes;
   r->sequence_id = sequence_id;
+  r->sequence_id_offset = sid_off;
+  r->sequence_id_bytes = sid_bytes;
   int ni = parse_refs(inputs, r->inputs);
   if (ni < 0) return NULL;
   int no = parse_refs(outputs, r->outputs);
@@ -410,7 +414,8 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
  * request into the shadow at shadow_off (server mapping) and validates the copy
  * (shms_take_request).
  * -> (model_id, batch_rows, shape_key, priority, timeout_us, parameters_offset,
- *     parameters_bytes) on success (the server copy's options),
+ *     parameters_bytes, flags, sequence_id, sequence_id_offset, sequence_id_bytes) on
+ *     success (the server copy's options),
  *    (status, message) when invalid (the caller answers the client),
  *    None when the slot was not SUBMITTED with that generation (stale entry). */
 static PyObject *m_take(Mapping *arena, PyObject *args) {
@@ -434,24 +439,27 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   int64_t key[SHMS_SHAPE_KEY_MAX];
   size_t nk = shms_shape_key(&sh->request, &models[sh->request.model_id], key);
   const shms_request *r = &sh->request;
-  return Py_BuildValue("(IIy#IKKI)", r->model_id, sh->batch_rows, (const char *)key,
+  return Py_BuildValue("(IIy#IKKIIKKI)", r->model_id, sh->batch_rows, (const char *)key,
                        (Py_ssize_t)(nk * sizeof(int64_t)), r->priority,
                        (unsigned long long)r->timeout_us, (unsigned long long)r->parameters_offset,
-                       r->parameters_bytes);
+                       r->parameters_bytes, r->flags, (unsigned long long)r->sequence_id,
+                       (unsigned long long)r->sequence_id_offset, r->sequence_id_bytes);
 }
 
 /* read_shadow(off) -> (client_id, slot, generation, lease, batch_rows, inputs, outputs,
- * taken_ns, parameters_offset, parameters_bytes) from a validated shms_shadow in the
- * server segment. */
+ * taken_ns, parameters_offset, parameters_bytes, flags, sequence_id, sequence_id_offset,
+ * sequence_id_bytes, sequence_slot) from a validated shms_shadow in the server segment. */
 static PyObject *m_read_shadow(Mapping *self, PyObject *arg) {
   shms_shadow *sh =
       (shms_shadow *)shms_py_at(self, PyLong_AsUnsignedLongLong(arg), sizeof(shms_shadow), 8);
   if (!sh) return NULL;
   const shms_request *r = &sh->request;
-  return Py_BuildValue("(IIIIINNKKI)", sh->client_id, sh->slot, sh->generation, sh->lease,
+  return Py_BuildValue("(IIIIINNKKIIKKII)", sh->client_id, sh->slot, sh->generation, sh->lease,
                        sh->batch_rows, shms_py_refs_list(r->inputs, r->n_inputs),
                        shms_py_refs_list(r->outputs, r->n_outputs), (unsigned long long)sh->taken_ns,
-                       (unsigned long long)r->parameters_offset, r->parameters_bytes);
+                       (unsigned long long)r->parameters_offset, r->parameters_bytes, r->flags,
+                       (unsigned long long)r->sequence_id, (unsigned long long)r->sequence_id_offset,
+                       r->sequence_id_bytes, sh->sequence_slot);
 }
 
 /* stamp(slot_off, which): record a timestamp in a slot (server side). */

@@ -14,6 +14,7 @@ import msgpack
 from .layout import LAYOUT
 
 MAX_PARAMETER_BYTES = LAYOUT["MAX_PARAMETER_BYTES"]
+MAX_SEQUENCE_ID_BYTES = LAYOUT["MAX_SEQUENCE_ID_BYTES"]
 SEQUENCE_START = LAYOUT["REQUEST_SEQUENCE_START"]
 SEQUENCE_END = LAYOUT["REQUEST_SEQUENCE_END"]
 U32_MAX, U64_MAX = (1 << 32) - 1, (1 << 64) - 1
@@ -73,14 +74,35 @@ def options(priority=0, timeout_us=0, parameters=None, sequence_id=0, sequence_s
             sequence_end=False):
     """The options tuple both client paths take (flags, priority, timeout_us, packed
     parameters or None, sequence_id), or None when every option is left at its
-    default. Raises ValueError / TypeError for a value the protocol cannot carry."""
+    default. A string sequence_id (Triton's string correlation id) gives a sixth
+    element, its UTF-8 bytes, with sequence_id 0: only the Python path sends those.
+    Raises ValueError / TypeError for a value the protocol cannot carry."""
     packed = encode_parameters(parameters)
     flags = (SEQUENCE_START if sequence_start else 0) | (SEQUENCE_END if sequence_end else 0)
     if not (priority or timeout_us or packed or sequence_id or flags):
         return None
+    string_id = None
+    if isinstance(sequence_id, str):
+        string_id = sequence_id.encode()
+        if len(string_id) > MAX_SEQUENCE_ID_BYTES:
+            raise ValueError(f"sequence_id takes {len(string_id)} bytes as UTF-8 "
+                             f"(limit {MAX_SEQUENCE_ID_BYTES})")
+        sequence_id = 0
     for name, value, top in (("priority", priority, U32_MAX), ("timeout_us", timeout_us, U64_MAX),
                              ("sequence_id", sequence_id, U64_MAX)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
-            raise ValueError(f"{name} must be an integer in 0..{top}, got {value!r}")
+            raise ValueError(f"{name} must be an integer in 0..{top}" +
+                             (" or a string" if name == "sequence_id" else "") + f", got {value!r}")
+    if string_id:
+        return (flags, priority, timeout_us, packed, 0, string_id)
     return (flags, priority, timeout_us, packed, sequence_id)
-__all__ = ["MAX_PARAMETER_BYTES", "SEQUENCE_START", "SEQUENCE_END", "encode_parameters", "decode_parameters", "options"]
+
+
+def decode_sequence_id(data) -> str:
+    """A string correlation id a client wrote (hostile bytes): ValueError if not UTF-8."""
+    try:
+        return bytes(data).decode()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"the string correlation id is not UTF-8 ({e})") from None
+__all__ = ["MAX_PARAMETER_BYTES", "MAX_SEQUENCE_ID_BYTES", "SEQUENCE_START", "SEQUENCE_END",
+           "encode_parameters", "decode_parameters", "decode_sequence_id", "options"]

@@ -108,7 +108,7 @@ class ServerMaps:
         answered = []
         for index in srv.mailbox_batch(mb):
             shadow = self.layout.shadow_at(index)
-            client_id, slot, generation, lease, _, _, _, taken_ns, _, _ = srv.read_shadow(shadow)
+            client_id, slot, generation, lease, _, _, _, taken_ns, *_ = srv.read_shadow(shadow)
             mapped = self.arena(client_id, lease)
             if mapped is not None:
                 arena, layout = mapped

@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import backends
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
-from . import autocomplete, reshape, unsupported, warmup
+from . import autocomplete, reshape, sequence_config, unsupported, warmup
 
 log = logging.getLogger("shmserve.repository")
 
@@ -93,6 +93,7 @@ class ModelSpec:
     preserve_ordering: bool = False  # dynamic_batching.preserve_ordering
     instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
     warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
+    sequence: dict | None = None  # sequence_batching, as sequence_config.parse gives it
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -334,6 +335,7 @@ def load_model(model_dir: Path, auto_complete: bool = True,
         raise ConfigError(f"{where}: dynamic_batching needs max_batch_size > 0")
     model_file = _model_file(cfg, backend, where)
     samples = warmup.parse(cfg, model_dir, where, inputs)
+    sequence = sequence_config.parse(cfg, model_dir, where)
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     retry = params.get(RETRY_PARAMETER, "false").strip().lower()
     if retry not in ("true", "false"):
@@ -380,7 +382,7 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             allow_timeout_override=bool(policy.allow_timeout_override),
             priority_levels=levels, default_priority_level=default_level,
             priority_queue_policies=level_policies, preserve_ordering=bool(dynb.preserve_ordering),
-            instance_balancing=balancing, warmup=samples))
+            instance_balancing=balancing, warmup=samples, sequence=sequence))
     return specs
 
 
