@@ -35,6 +35,7 @@ class Model:
     workers: list[int]  # its instances' worker indexes
     scheduler: Scheduler
     pending: int = 0  # queue length last written to the model's statistics
+    pinned: bool = False  # sequence batching: each batch is for one named instance
     ticket: int = 0  # preserve_ordering: the last batch ticket handed out
 
 
@@ -46,7 +47,8 @@ class Batcher:
         for model_id, d in enumerate(boot["models"]):
             spec = ModelSpec.from_dict(d)
             workers = [w for w, m in enumerate(boot["worker_models"]) if m == model_id]
-            model = Model(model_id, spec, workers, make_scheduler(spec))
+            scheduler = make_scheduler(spec)
+            model = Model(model_id, spec, workers, scheduler, pinned=scheduler.pinned)
             if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
                 srv, layout = self.maps.srv, self.maps.layout
                 model.ticket = max([srv.load32(layout.model(model_id) + L["model.answer_turn"])]
@@ -88,7 +90,13 @@ class Batcher:
                 else:
                     idle.append(w)
             waiting_for_more = False
-            if len(s) and idle:
+            if len(s) and idle and m.pinned:  # sequences: a batch is for one instance
+                plan, wait_until = s.assign(now, [m.workers.index(w) for w in idle])
+                for i, batch in plan:
+                    self.hand_over(m, m.workers[i], batch, now)
+                    busy.append(layout.mailbox(m.workers[i]))
+                deadline = earliest(deadline, wait_until)
+            elif len(s) and idle:
                 # One call for all idle instances, so that a policy can share the queue
                 # among them (balanced batches) instead of filling the first.
                 batches, wait_until = s.next_batches(now, len(idle))
@@ -132,6 +140,10 @@ class Batcher:
         self.maps.srv.record_waits(self.maps.layout.model(q.model_id), Duration.QUEUE,
                                    [p.arrived_ns for p in batch])
         mb = self.maps.layout.mailbox(worker)
+        if q.pinned:  # the worker keeps each sequence's state by its batch slot
+            srv, layout = self.maps.srv, self.maps.layout
+            for p in batch:
+                srv.store32(layout.shadow_at(p.shadow) + L["shadow.sequence_slot"], p.sequence_slot + 1)
         if q.spec.preserve_ordering:  # the worker answers after the batches handed out before
             q.ticket = q.ticket % 0xFFFFFFFF + 1  # 1 .. 2^32-1: 0 means unordered
             self.maps.srv.store64(mb + L["mailbox.ticket"], q.ticket)

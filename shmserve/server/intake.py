@@ -16,9 +16,9 @@ from typing import Sequence
 from .._core import now_ns
 from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
                         FailureReason, MailboxState, RingConsumer, SlotState, Status, Timestamp,
-                        clip_error, decode_parameters)
+                        clip_error, decode_parameters, decode_sequence_id)
 from .maps import ServerMaps
-from .scheduling import Pending, Rejection, Scheduler
+from .scheduling import Pending, Rejection, Scheduler, SequencePending
 
 L = LAYOUT
 ENQUEUE_STAMP = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE  # the client's push time, in a slot
@@ -102,9 +102,15 @@ class Intake:
                 self.maps.record_answers(model_id, [(status, now_ns())])
             arena.ops.complete(slot_off, gen, status, msg, [])
             return
-        model_id, rows, key, priority, timeout_us, params_off, params_bytes = taken
+        (model_id, rows, key, priority, timeout_us, params_off, params_bytes, flags, sequence_id,
+         sid_off, sid_bytes) = taken
+        scheduler = self.schedulers[model_id]
         p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen,
                     priority, timeout_us)
+        if scheduler.sequences or flags or sequence_id or sid_bytes:
+            p = self.sequence_request(model_id, p, flags, sequence_id, sid_off, sid_bytes)
+            if p is None:
+                return
         if params_bytes:  # hostile bytes: checked here, where an error answers only this request
             try:
                 decode_parameters(arena.buffer[params_off:params_off + params_bytes])
@@ -121,9 +127,29 @@ class Intake:
             self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
                                             "finishes the requests it holds and takes no new one"))
             return
-        refused = self.schedulers[model_id].enqueue(p)
+        refused = scheduler.enqueue(p)
         if refused is not None:
             self.reject(model_id, refused)
+
+    def sequence_request(self, model_id: int, p: Pending, flags: int, sequence_id: int,
+                         sid_off: int, sid_bytes: int) -> SequencePending | None:
+        """p with its correlation id (a string one copied out of the caller's arena:
+        what the scheduler routes by cannot change under it), or None once refused."""
+        spec = self.schedulers[model_id].spec
+        if not self.schedulers[model_id].sequences:
+            self.reject(model_id, Rejection(p, Status.INVALID_ARG, clip_error(
+                f"model '{spec.name}' has no sequence_batching: a request to it carries no "
+                "sequence id and no sequence START/END flag"), FailureReason.OTHER))
+            return None
+        corrid = sequence_id
+        if sid_bytes:
+            try:
+                corrid = decode_sequence_id(p.arena.buffer[sid_off:sid_off + sid_bytes])
+            except ValueError as e:
+                self.reject(model_id, Rejection(p, Status.INVALID_ARG, clip_error(
+                    f"model '{spec.name}': {e}"), FailureReason.OTHER))
+                return None
+        return SequencePending(**vars(p), corrid=corrid, flags=flags)
 
     def reject(self, model_id: int, r: Rejection) -> None:
         """Answers a queued request with an error, unless its lease ended meanwhile

@@ -25,6 +25,7 @@ from ..protocol import (ERROR_BYTES, LAYOUT, clip_error, decode_parameters, Data
 from . import reshape, warmup
 from .repository import ModelSpec
 from .maps import ServerMaps, child_setup
+from .sequence_io import SequenceError, SequenceIO
 from .tracing import Sampler
 
 L = LAYOUT
@@ -44,11 +45,13 @@ class Request:
     """One request of a batch, as the batcher validated it (a server-private copy)."""
 
     __slots__ = ("client_id", "slot", "generation", "lease", "rows", "inputs", "outputs",
-                 "taken_ns", "params_off", "params_bytes", "parameters", "arena", "slot_off")
+                 "taken_ns", "params_off", "params_bytes", "parameters", "arena", "slot_off",
+                 "flags", "sequence_id", "sid_off", "sid_bytes", "sequence_slot", "corrid")
 
     def __init__(self, maps: ServerMaps, shadow_index: int):
         (self.client_id, self.slot, self.generation, self.lease, self.rows, self.inputs,
-         self.outputs, self.taken_ns, self.params_off, self.params_bytes) = \
+         self.outputs, self.taken_ns, self.params_off, self.params_bytes, self.flags,
+         self.sequence_id, self.sid_off, self.sid_bytes, self.sequence_slot) = \
             maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
         self.parameters = {}  # decoded by decode_parameters() for models that read them
         self.arena = None
@@ -77,6 +80,8 @@ class Worker:
         self.batch = _core.Batch(self.maps.srv, self.model_off, self.mailbox)
         self.in_dtypes = [None if t.dtype == BYTES else numpy_dtype(t.dtype) for t in self.spec.inputs]
         self.fast = False  # set by load(): it depends on the backend
+        # sequence_batching: control tensors and implicit state (sequence_io.py)
+        self.sequences = SequenceIO(self.spec) if self.spec.sequence is not None else None
         # preserve_ordering: answers wait for the batches handed out before (maps.py);
         # the instances of a model have consecutive worker indexes.
         self.ordered = self.spec.preserve_ordering
@@ -91,7 +96,7 @@ class Worker:
         # Models that read request parameters (Triton's API, or a numpy-dict execute with
         # a `requests` argument) take the Python path; the others never decode them.
         self.reads_parameters = self.per_request or getattr(self.backend, "wants_requests", False)
-        self.fast = (not self.reads_parameters and self.tracer is None and
+        self.fast = (not self.reads_parameters and self.tracer is None and self.sequences is None and
                      all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
@@ -212,11 +217,12 @@ class Worker:
             self.maps.wait_answer_turn(self.model_id, ticket, self.siblings, self.mailbox)
         return ticket
 
-    def execute_timed(self, gather, rows: int, requests: list | None = None):
+    def execute_timed(self, gather, rows: int, requests: list | None = None, keep=None):
         """One execution in Triton's compute stages: gather() the inputs, run the model,
         check its outputs. Returns (status, message, outputs or None, t_infer, t_output);
         a model that raises fails the whole batch, every caller hearing why. requests:
-        per request (rows, parameters), for a numpy-dict model that takes them."""
+        per request (rows, parameters), for a numpy-dict model that takes them. keep:
+        called with the model's outputs before they are checked (sequence states)."""
         t_infer = t_output = outputs = None
         try:
             inputs = gather()
@@ -224,9 +230,11 @@ class Worker:
             outputs = (self.backend.execute(inputs) if requests is None
                        else self.backend.execute(inputs, requests))
             t_output = time.monotonic_ns()
+            if keep is not None and isinstance(outputs, dict):
+                keep(outputs)
             outputs = self.check_outputs(outputs, rows)
             status, msg = Status.OK, ""
-        except BatchError as e:
+        except (BatchError, SequenceError) as e:
             status, msg, outputs = e.status, str(e), None
         except Exception as e:
             status, msg, outputs = Status.INTERNAL, self.raised(e), None
@@ -249,6 +257,8 @@ class Worker:
         live = self.decode_bytes_inputs(live)
         if self.reads_parameters:
             live = self.decode_parameters(live)
+        if self.sequences is not None:
+            live = self.begin_sequences(live)
         if not live:
             return
         # Triton's three compute stages: gather the inputs, run the model, check and
@@ -256,6 +266,8 @@ class Worker:
         t_input = time.monotonic_ns()
         if self.per_request:  # Triton's python API: a list of requests, a response each
             answers, t_infer, t_output = self.execute_requests(live)
+        elif self.sequences is not None:
+            answers, t_infer, t_output = self.execute_sequence_batch(live)
         else:
             answers, t_infer, t_output = self.execute_batch(live)
         row = sum(req.rows for req in live)
@@ -295,6 +307,51 @@ class Worker:
             row += req.rows
         return answers, t_infer, t_output
 
+    def begin_sequences(self, live: list[Request]) -> list[Request]:
+        """Correlation ids and states of a sequence model's requests (sequence_io.py); a
+        request that cannot run is answered here."""
+        live, refused = self.sequences.begin(live)
+        for req, status, msg in refused:
+            self.maps.record_answers(self.model_id, [(int(status), req.taken_ns)])
+            req.arena.ops.complete(req.slot_off, req.generation, int(status), _clip(msg), [])
+        return live
+
+    def execute_sequence_batch(self, live: list[Request]) -> tuple[list, int, int]:
+        """A sequence model's batch as a dict of arrays: its rows (a direct batch by slot,
+        null rows between), the control and state tensors added, the new states kept."""
+        rows = self.sequences.rows(live)
+        real = next(r for r in rows if r is not None)
+
+        def gather():
+            per_input = {}
+            for k, spec in enumerate(self.spec.inputs):
+                given = {ref[0]: ref for ref in real.inputs}
+                if k not in given:
+                    continue  # an optional input this batch leaves out
+                arrays = []
+                for r in rows:
+                    if r is None:  # a null row: zeros shaped like a real one
+                        arr = self.view(real.arena.buffer, given[k])
+                        arrays.append(np.full_like(arr, b"") if arr.dtype == object else np.zeros_like(arr))
+                    else:
+                        arrays.append(self.view(r.arena.buffer, next(x for x in r.inputs if x[0] == k)))
+                per_input[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+            inputs = self.to_model(per_input)
+            inputs.update(self.sequences.inputs(rows))
+            return inputs
+
+        requests = ([(1, r.parameters if r is not None else {}) for r in rows]
+                    if self.reads_parameters else None)
+        status, msg, outputs, t_infer, t_output = self.execute_timed(
+            gather, len(rows), requests, lambda out: self.sequences.keep(rows, out))
+        answers = []
+        for i, req in enumerate(rows):
+            if req is None:
+                continue
+            req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
+            answers.append(self.scatter(req, outputs, i) if status == Status.OK else (status, msg, []))
+        return answers, t_infer, t_output
+
     def execute_requests(self, live: list[Request]) -> tuple[list, int, int]:
         """Triton's python API (backend.execute_requests, python_backend.py): the requests
         as a list, each with its inputs viewing its caller's arena (no gather), each
@@ -304,6 +361,9 @@ class Worker:
         requests = [([(ins[ref[0]].name, self.model_view(req.arena.buffer, ref))
                       for ref in req.inputs],
                      [outs[ref[0]].name for ref in req.outputs], req.parameters) for req in live]
+        if self.sequences is not None:  # each request with its control and state tensors
+            for req, (inputs, _, _) in zip(live, requests):
+                inputs.extend(self.sequences.inputs([req]).items())
         t_infer = time.monotonic_ns()
         try:
             results = self.backend.execute_requests(requests)
@@ -317,8 +377,10 @@ class Worker:
                 answers.append((*result, []))
                 continue
             try:
+                if self.sequences is not None:
+                    self.sequences.keep([req], result)
                 answers.append(self.scatter(req, self.check_outputs(result, req.rows, requested), 0))
-            except BatchError as e:
+            except (BatchError, SequenceError) as e:
                 answers.append((e.status, str(e), []))
         return answers, t_infer, t_output
 
@@ -406,6 +468,8 @@ class Worker:
     def warm(self, inputs: dict, rows: int) -> None:
         """One warmup execution (warmup.py): the path of a batch, outputs checked."""
         inputs = self.to_model(inputs)
+        if self.sequences is not None:  # null rows: READY false, initial states
+            inputs.update(self.sequences.inputs([None] * (1 if self.per_request else rows)))
         if self.per_request:  # Triton's python API: one request through execute(requests)
             (result,) = self.backend.execute_requests(
                 [(list(inputs.items()), [t.name for t in self.spec.outputs], {})])

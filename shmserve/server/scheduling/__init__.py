@@ -39,8 +39,13 @@ Rules for a policy:
   MAX_BATCH_REQUESTS requests (the mailbox's capacity).
 - now_ns and Pending.arrived_ns are the same monotonic clock (shmserve._core.now_ns).
 
-A new policy (sequence batching, ensembles) is a new module with a Scheduler subclass
-whose applies_to(spec) recognises its models, listed in POLICIES before the default.
+A new policy (ensembles) is a new module with a Scheduler subclass whose
+applies_to(spec) recognises its models, listed in POLICIES before the default.
+
+Sequence batching (sequence.py) is pinned (Scheduler.pinned): a sequence's requests
+must reach one instance, so the batcher calls assign(now_ns, idle_instances) instead
+of next_batches() and gets (instance, batch) pairs; intake builds its requests as
+SequencePending (correlation id and flags).
 """
 from __future__ import annotations
 
@@ -50,12 +55,13 @@ from ..repository import ModelSpec
 from .base import Pending, Rejection, Scheduler
 from .default import DefaultScheduler
 from .dynamic import DynamicBatchScheduler
+from .sequence import SequencePending, SequenceScheduler
 
 __all__ = ["Pending", "Rejection", "Scheduler", "POLICIES", "make_scheduler",
-           "DefaultScheduler", "DynamicBatchScheduler"]
+           "DefaultScheduler", "DynamicBatchScheduler", "SequencePending", "SequenceScheduler"]
 
 # Tried in order; the first whose applies_to(spec) is true schedules the model.
-POLICIES: tuple[type[Scheduler], ...] = (DynamicBatchScheduler, DefaultScheduler)
+POLICIES: tuple[type[Scheduler], ...] = (SequenceScheduler, DynamicBatchScheduler, DefaultScheduler)
 
 
 def make_scheduler(spec: ModelSpec, policies: Sequence[type[Scheduler]] = POLICIES) -> Scheduler:

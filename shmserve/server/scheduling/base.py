@@ -35,6 +35,8 @@ class Rejection(NamedTuple):
 
 class Scheduler(abc.ABC):
     """The policy of one model. See the module docstring for the contract."""
+    pinned = False  # True: batches are for named instances (assign(), sequence.py)
+    sequences = False  # True: its requests carry a correlation id (SequencePending)
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec
