@@ -27,9 +27,11 @@ class Unsupported(BadRequest):
 
 # Per-tensor parameters other than these are refused by name, so that nothing a caller
 # asks for is silently ignored. Request-level parameters are Triton's: the reserved keys
-# below are the front's or options of the request (priority, timeout), any other goes to
-# the model as a request parameter.
-REQUEST_PARAMETERS = {"binary_data_output", "priority", "timeout"}
+# below are the front's or options of the request (priority, timeout, the sequence
+# extension's sequence_id / sequence_start / sequence_end), any other goes to the model
+# as a request parameter.
+REQUEST_PARAMETERS = {"binary_data_output", "priority", "timeout", "sequence_id",
+                      "sequence_start", "sequence_end"}
 INPUT_PARAMETERS = {"binary_data_size"}
 OUTPUT_PARAMETERS = {"binary_data"}
 NOT_YET = {  # parameter -> the extension it belongs to
@@ -37,15 +39,15 @@ NOT_YET = {  # parameter -> the extension it belongs to
     "shared_memory_byte_size": "system/CUDA shared memory extension",
     "shared_memory_offset": "system/CUDA shared memory extension",
     "classification": "classification extension",
-    "sequence_id": "sequence extension", "sequence_start": "sequence extension",
-    "sequence_end": "sequence extension",
 }
 
 
 def request_options(header: dict) -> dict:
     """Client.infer's options from a request's `parameters` (checked by plan_inputs):
-    priority and timeout (microseconds) as Triton's HTTP front maps them, every other
-    key but binary_data_output as a request parameter for the model."""
+    priority and timeout (microseconds) as Triton's HTTP front maps them, sequence_id
+    (integer or string), sequence_start and sequence_end (booleans) as its sequence
+    extension does, every other key but binary_data_output as a request parameter for
+    the model."""
     params = header.get("parameters") or {}
     options = {}
     for key, option in (("priority", "priority"), ("timeout", "timeout_us")):
@@ -55,6 +57,18 @@ def request_options(header: dict) -> dict:
                 raise BadRequest(f"request: parameter '{key}' must be a non-negative integer, "
                                  f"got {value!r}")
             options[option] = value
+    if "sequence_id" in params:
+        value = params["sequence_id"]
+        if isinstance(value, bool) or not isinstance(value, (int, str)) or \
+                isinstance(value, int) and not 0 <= value < 1 << 64:
+            raise BadRequest(f"request: parameter 'sequence_id' must be an unsigned integer or a "
+                             f"string, got {value!r}")
+        options["sequence_id"] = value
+    for key in ("sequence_start", "sequence_end"):
+        if key in params:
+            if not isinstance(params[key], bool):
+                raise BadRequest(f"request: parameter '{key}' must be a boolean, got {params[key]!r}")
+            options[key] = params[key]
     custom = {k: v for k, v in params.items() if k not in REQUEST_PARAMETERS}
     if custom:
         try:

@@ -50,9 +50,6 @@ def parse(cfg: mc.ModelConfig, model_dir: Path, where: str) -> dict | None:
         return None
     sb = cfg.sequence_batching
     where = f"{where}: sequence_batching"
-    if cfg.HasField("dynamic_batching"):
-        raise ConfigError(f"{where}: a model has either dynamic_batching or sequence_batching, "
-                          "not both")
     if sb.iterative_sequence:
         raise ConfigError(f"{where}: iterative_sequence is not implemented by shmserve yet")
     max_batch = max(int(cfg.max_batch_size), 1)

@@ -1,0 +1,401 @@
+"""Sequence batching at Triton's semantics (issue 11): accumulators that keep a running
+sum per sequence, through implicit state (numpy-dict API) and through their own dict
+keyed by CORRID (Triton's python API), with many interleaved sequences from several
+processes; every request of a sequence on one instance, in order; the control tensors
+as Triton feeds them; direct (slots, null rows) against oldest (batches across
+sequences); idle sequences released; the errors Triton gives; string correlation
+ids; the HTTP front's sequence parameters.
+
+Determinism: the models record every batch they run (a file per worker process, in
+their model directory); nothing here asserts a duration. Where a test must see a
+batch form, the scheduler waits for it (a long max_queue_delay with a preferred size or
+minimum_slot_utilization 1.0), so the batch is the same on any machine."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import IDENTITY_CODE, python_config, wait_until, write_model
+from shmserve import errors
+from shmserve.errors import ConfigError
+from shmserve.server.repository import load_model
+
+pytestmark = pytest.mark.timeout(180)
+
+CONTROLS_INT = """
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [0, 1] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [0, 1] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: %s } ] }
+  ]"""
+STATE = """
+  state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT64 dims: [1]
+            initial_state { name: "zero" data_type: TYPE_INT64 dims: [1] zero_data: true } } ]"""
+
+# numpy-dict API, implicit state: OUTPUT0 = STATE_IN + INPUT0 on ready rows; records per
+# batch its rows [corrid, start, end, ready, input, state_in].
+STATE_ACC_CODE = '''
+import json, os
+import numpy as np
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.path = os.path.join(args["model_repository"], f"rec-{os.getpid()}.jsonl")
+
+    def execute(self, inputs):
+        x, s, ready = inputs["INPUT0"], inputs["STATE_IN"], inputs["READY"]
+        out = s + x * ready
+        cid = inputs["CORRID"]
+        rows = [[c.decode() if isinstance(c, bytes) else int(c), int(a), int(b), int(r), int(v), int(si)]
+                for c, a, b, r, v, si in zip(cid[:, 0], inputs["START"][:, 0], inputs["END"][:, 0],
+                                             ready[:, 0], x[:, 0], s[:, 0])]
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rows) + "\\n")
+        return {"OUTPUT0": out, "STATE_OUT": out}
+'''
+
+# Triton's python API, its own dict keyed by CORRID; START/END bool, READY fp32.
+DICT_ACC_CODE = '''
+import json, os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.path = os.path.join(args["model_repository"], f"rec-{os.getpid()}.jsonl")
+        self.sums = {}
+
+    def execute(self, requests):
+        rows, responses = [], []
+        for r in requests:
+            get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()
+            c, start, end, ready = int(get("CORRID")[0, 0]), get("START"), get("END"), get("READY")
+            x = int(get("INPUT0")[0, 0])
+            if start[0, 0]:
+                self.sums[c] = 0
+            self.sums[c] += x
+            rows.append([c, bool(start[0, 0]), bool(end[0, 0]), float(ready[0, 0]), x,
+                         str(start.dtype), str(ready.dtype)])
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", np.array([[self.sums[c]]], np.int64))]))
+            if end[0, 0]:
+                del self.sums[c]
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rows) + "\\n")
+        return responses
+'''
+
+CONTROLS_MIXED = """
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [false, true] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END bool_false_true: [false, true] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY fp32_false_true: [0, 1] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]"""
+
+
+def seq_config(name: str, batching: str, *, max_batch_size=4, count=1, corrid="TYPE_UINT64",
+               state=True, controls=None) -> str:
+    body = batching + (controls or CONTROLS_INT % corrid) + (STATE if state else "")
+    return "\n".join([
+        f'name: "{name}"', 'backend: "python"', f"max_batch_size: {max_batch_size}",
+        'input [ { name: "INPUT0" data_type: TYPE_INT64 dims: [1] } ]',
+        'output [ { name: "OUTPUT0" data_type: TYPE_INT64 dims: [1] } ]',
+        f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]",
+        f"sequence_batching {{ {body} }}"]) + "\n"
+
+
+def records(model_dir: Path) -> dict[str, list]:
+    """Per worker file: its batches, in the order it ran them."""
+    return {p.name: [json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted(model_dir.glob("rec-*.jsonl"))}
+
+
+def x(v: int) -> dict:
+    return {"INPUT0": np.array([[v]], np.int64)}
+
+
+def value(corrid: int, step: int) -> int:
+    return 100 * step + corrid % 50 + 1  # grows with the step: the order is visible
+
+
+def run_sequences(socket_path: str, name: str, model: str, corrids: list, steps: int) -> str:
+    """One caller process: its sequences interleaved step by step, every request
+    submitted before any answer is read; returns "" or what went wrong."""
+    import shmserve
+    with shmserve.Client(name, socket_path_=socket_path) as c:
+        futures = []
+        for step in range(steps):
+            for cid in corrids:
+                futures.append((cid, step, c.submit(model, x(value(cid, step)), sequence_id=cid,
+                                                    sequence_start=step == 0,
+                                                    sequence_end=step == steps - 1)))
+        for cid, step, f in futures:
+            got = int(f.result(timeout=120)["OUTPUT0"][0, 0])
+            want = sum(value(cid, k) for k in range(step + 1))
+            if got != want:
+                return f"sequence {cid} step {step}: got {got}, want {want}"
+    return ""
+
+
+def check_routing(model_dir: Path, corrids: list, steps: int) -> None:
+    """Every sequence ran on one worker, its steps in order, each once."""
+    seen: dict[int, tuple[str, list]] = {}
+    for worker, batches in records(model_dir).items():
+        for batch in batches:
+            cids = [row[0] for row in batch if row[3]]
+            assert len(cids) == len(set(cids)), f"a batch holds a sequence twice: {batch}"
+            for row in batch:
+                if not row[3]:
+                    continue
+                w, inputs = seen.setdefault(row[0], (worker, []))
+                assert w == worker, f"sequence {row[0]} ran on {w} and {worker}"
+                inputs.append(row[4])
+    assert sorted(seen) == sorted(corrids)
+    for cid, (_, inputs) in seen.items():
+        assert inputs == [value(cid, k) for k in range(steps)], (cid, inputs)
+
+
+@pytest.mark.parametrize("model", ["acc_state", "acc_dict"])
+def test_many_interleaved_sequences_from_several_processes(server_factory, model):
+    """56 sequences from 4 processes, 6 steps each, on 2 instances: implicit state
+    (direct, 4 slots an instance: a backlog forms) and the model's own dict (oldest, 8
+    candidates an instance)."""
+    def setup(repo):
+        # A caller's window of 32 requests may hold only backlogged sequences for a
+        # while; a long idle time keeps its own active sequences from being released.
+        idle = "max_sequence_idle_microseconds: 60000000 "
+        write_model(repo, "acc_state", seq_config("acc_state", idle + "direct { }", count=2),
+                    STATE_ACC_CODE)
+        write_model(repo, "acc_dict", seq_config(
+            "acc_dict", idle + "oldest { max_candidate_sequences: 8 }", count=2, state=False,
+            controls=CONTROLS_MIXED), DICT_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    corrids = [1000 + i for i in range(56)]
+    groups = [corrids[i::4] for i in range(4)]
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        outcomes = pool.starmap_async(run_sequences, [(str(server.socket_path), server.name, model,
+                                                       g, 6) for g in groups]).get(timeout=170)
+    assert outcomes == [""] * 4, [o for o in outcomes if o]
+    check_routing(server.repo / model, corrids, 6)
+    workers = records(server.repo / model)
+    assert len(workers) == 2, "both instances took sequences"
+    if model == "acc_dict":  # the controls in their configured types
+        rows = [row for batches in workers.values() for batch in batches for row in batch]
+        assert {(r[5], r[6]) for r in rows} == {("bool", "float32")}
+        assert all(r[3] == 1.0 for r in rows)
+        assert sum(r[1] for r in rows) == 56 and sum(r[2] for r in rows) == 56
+
+
+def test_direct_slots_null_rows_and_control_tensors(server_factory):
+    """Direct: a sequence keeps its batch slot; a slot without a request is a null row
+    (READY 0, START/END 0, CORRID 0, input 0), the state of each slot its own."""
+    def setup(repo):
+        write_model(repo, "direct", seq_config("direct", "direct { }"), STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    assert int(c.infer("direct", x(5), sequence_id=11, sequence_start=True)["OUTPUT0"][0, 0]) == 5
+    assert int(c.infer("direct", x(7), sequence_id=12, sequence_start=True)["OUTPUT0"][0, 0]) == 7
+    assert int(c.infer("direct", x(1), sequence_id=12)["OUTPUT0"][0, 0]) == 8
+    assert int(c.infer("direct", x(2), sequence_id=11, sequence_end=True)["OUTPUT0"][0, 0]) == 7
+    # slot 0 is free again: a new sequence takes it and starts from the initial state
+    assert int(c.infer("direct", x(3), sequence_id=13, sequence_start=True)["OUTPUT0"][0, 0]) == 3
+    (batches,) = records(server.repo / "direct").values()
+    assert batches == [
+        [[11, 1, 0, 1, 5, 0]],
+        [[0, 0, 0, 0, 0, 0], [12, 1, 0, 1, 7, 0]],
+        [[0, 0, 0, 0, 0, 0], [12, 0, 0, 1, 1, 7]],
+        [[11, 0, 1, 1, 2, 5]],
+        [[13, 1, 0, 1, 3, 0]],
+    ]
+
+
+def test_direct_and_oldest_form_batches_across_sequences(server_factory):
+    """Both wait for a full batch here (direct: minimum_slot_utilization 1.0; oldest: a
+    preferred size of 4), and take one request of each of 4 sequences. Then direct keeps
+    slot positions (null rows before the one slot with a request), oldest does not."""
+    def setup(repo):
+        write_model(repo, "direct", seq_config(
+            "direct", "direct { minimum_slot_utilization: 1.0 max_queue_delay_microseconds: "
+            "60000000 }"), STATE_ACC_CODE)
+        write_model(repo, "oldest", seq_config(
+            "oldest", "oldest { max_candidate_sequences: 4 preferred_batch_size: [4] "
+            "max_queue_delay_microseconds: 60000000 }"), STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    for model in ("direct", "oldest"):
+        starts = [c.submit(model, x(i + 1), sequence_id=i + 1, sequence_start=True) for i in range(4)]
+        assert [int(f.result(timeout=60)["OUTPUT0"][0, 0]) for f in starts] == [1, 2, 3, 4]
+        (batches,) = records(server.repo / model).values()
+        assert batches == [[[i + 1, 1, 0, 1, i + 1, 0] for i in range(4)]], (model, batches)
+    # the four END requests: again one batch each (direct: every slot; oldest: size 4)
+    fs = [c.submit("direct", x(10), sequence_id=i + 1, sequence_end=True) for i in range(4)]
+    assert [int(f.result(timeout=60)["OUTPUT0"][0, 0]) for f in fs] == [11, 12, 13, 14]
+    fs = [c.submit("oldest", x(10), sequence_id=i + 1, sequence_end=True) for i in range(4)]
+    assert [int(f.result(timeout=60)["OUTPUT0"][0, 0]) for f in fs] == [11, 12, 13, 14]
+    for model in ("direct", "oldest"):
+        (batches,) = records(server.repo / model).values()
+        assert batches[1] == [[i + 1, 0, 1, 1, 10, i + 1] for i in range(4)], (model, batches)
+
+
+def test_oldest_takes_no_null_rows_and_direct_does(server_factory):
+    """Three sequences hold slots 0..2; only the third sends: direct runs 3 rows (two
+    null), oldest one."""
+    def setup(repo):
+        write_model(repo, "direct", seq_config("direct", "direct { }"), STATE_ACC_CODE)
+        write_model(repo, "oldest", seq_config("oldest", "oldest { max_candidate_sequences: 4 }"),
+                    STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    for model in ("direct", "oldest"):
+        for cid in (1, 2, 3):
+            c.infer(model, x(cid), sequence_id=cid, sequence_start=True)
+        assert int(c.infer(model, x(4), sequence_id=3)["OUTPUT0"][0, 0]) == 7
+    (direct,) = records(server.repo / "direct").values()
+    (oldest,) = records(server.repo / "oldest").values()
+    assert [[row[0] for row in b] for b in direct][-1] == [0, 0, 3]
+    assert oldest[-1] == [[3, 0, 0, 1, 4, 3]]
+
+
+def test_string_correlation_ids(server_factory):
+    """TYPE_STRING CORRID: string ids reach the model as they were sent; a numeric id to
+    it is refused, and a string id to a numeric CORRID too."""
+    def setup(repo):
+        write_model(repo, "strseq", seq_config("strseq", "direct { }", corrid="TYPE_STRING"),
+                    STATE_ACC_CODE)
+        write_model(repo, "numseq", seq_config("numseq", "direct { }"), STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    sid = "3f2c9a1e-7d4b-4e8a-9c01-5b6d7e8f9a0b"
+    assert int(c.infer("strseq", x(4), sequence_id=sid, sequence_start=True)["OUTPUT0"][0, 0]) == 4
+    assert int(c.submit("strseq", x(5), sequence_id="é-2", sequence_start=True)
+               .result(timeout=30)["OUTPUT0"][0, 0]) == 5
+    assert int(c.infer("strseq", x(6), sequence_id=sid, sequence_end=True)["OUTPUT0"][0, 0]) == 10
+    (batches,) = records(server.repo / "strseq").values()
+    assert [row[0] for b in batches for row in b if row[3]] == [sid, "é-2", sid]
+    with pytest.raises(errors.InvalidArgumentError, match="takes a string correlation ID"):
+        c.infer("strseq", x(1), sequence_id=7, sequence_start=True)
+    with pytest.raises(errors.InvalidArgumentError, match="takes a unsigned integer correlation ID"):
+        c.infer("numseq", x(1), sequence_id="a", sequence_start=True)
+    with pytest.raises(errors.InvalidArgumentError, match="sequence_id takes 300 bytes"):
+        c.infer("strseq", x(1), sequence_id="a" * 300, sequence_start=True)
+
+
+def test_errors_as_triton_gives_them(server_factory):
+    def setup(repo):
+        write_model(repo, "seq", seq_config("seq", "direct { }"), STATE_ACC_CODE)
+        write_model(repo, "plain", python_config("plain", "INT64", (1,)), IDENTITY_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    with pytest.raises(errors.InvalidArgumentError) as e:
+        c.infer("seq", x(1), sequence_id=5)
+    assert str(e.value) == ("inference request for sequence 5 to model 'seq' must specify the "
+                            "START flag on the first request of the sequence")
+    with pytest.raises(errors.InvalidArgumentError) as e:
+        c.infer("seq", x(1))
+    assert str(e.value) == ("inference request to model 'seq' must specify a non-zero or "
+                            "non-empty correlation ID")
+    with pytest.raises(errors.InvalidArgumentError) as e:
+        c.infer("seq", {"INPUT0": np.ones((2, 1), np.int64)}, sequence_id=5, sequence_start=True)
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in str(e.value)
+    for kw in ({"sequence_id": 5}, {"sequence_start": True}, {"sequence_id": "s"}):
+        with pytest.raises(errors.InvalidArgumentError) as e:
+            c.infer("plain", x(1), **kw)
+        assert "model 'plain' has no sequence_batching" in str(e.value)
+    # after its END a sequence is gone: its id needs a START again
+    c.infer("seq", x(1), sequence_id=6, sequence_start=True, sequence_end=True)
+    with pytest.raises(errors.InvalidArgumentError, match="must specify the START flag"):
+        c.infer("seq", x(1), sequence_id=6)
+    assert c.infer("plain", x(3))["OUTPUT0"].tolist() == [[3]]  # the server serves on
+
+
+def test_idle_sequences_are_released(server_factory):
+    """One slot (max_batch_size 1): a second sequence waits in the backlog until the
+    first, idle for max_sequence_idle_microseconds, is released; the released sequence's
+    next request without START is refused."""
+    def setup(repo):
+        write_model(repo, "idle", seq_config(
+            "idle", "max_sequence_idle_microseconds: 200000 direct { }", max_batch_size=1),
+            STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    assert int(c.infer("idle", x(2), sequence_id=1, sequence_start=True)["OUTPUT0"][0, 0]) == 2
+    waiting = c.submit("idle", x(3), sequence_id=2, sequence_start=True)
+    assert int(waiting.result(timeout=60)["OUTPUT0"][0, 0]) == 3  # it got the released slot
+    with pytest.raises(errors.InvalidArgumentError, match="sequence 1 .* must specify the START"):
+        c.infer("idle", x(1), sequence_id=1)
+    wait_until(lambda: c.submit("idle", x(1), sequence_id=3, sequence_start=True)
+               .result(timeout=30) is not None, 30, "a new sequence after the release")
+
+
+def test_config_errors_name_the_field(tmp_path):
+    cases = [
+        ("direct { }" + CONTROLS_INT % "TYPE_FP32", "CONTROL_SEQUENCE_CORRID data_type"),
+        ("direct { } control_input [ { name: \"INPUT0\" control [ { kind: "
+         "CONTROL_SEQUENCE_START int32_false_true: [0, 1] } ] } ]", "control_input 'INPUT0'"),
+        ("direct { } control_input [ { name: \"S\" control [ { kind: "
+         "CONTROL_SEQUENCE_START int32_false_true: [0] } ] } ]", "of two values"),
+        ("oldest { preferred_batch_size: [9] }", "preferred_batch_size"),
+        ("direct { } state [ { input_name: \"A\" output_name: \"B\" data_type: TYPE_FP32 "
+         "dims: [-1] } ]", "must be fixed"),
+    ]
+    for i, (body, words) in enumerate(cases):
+        cfg = "\n".join([f'name: "m{i}"', 'backend: "python"', "max_batch_size: 4",
+                         'input [ { name: "INPUT0" data_type: TYPE_INT64 dims: [1] } ]',
+                         'output [ { name: "OUTPUT0" data_type: TYPE_INT64 dims: [1] } ]',
+                         f"sequence_batching {{ {body} }}"])
+        model_dir = write_model(tmp_path, f"m{i}", cfg, IDENTITY_CODE)
+        with pytest.raises(ConfigError, match="sequence_batching") as e:
+            load_model(model_dir)
+        assert words in str(e.value), (words, str(e.value))
+    both = python_config("both", extra="sequence_batching { }")
+    with pytest.raises(ConfigError, match='"sequence_batching" is specified along with field "dynamic_batching"'):
+        load_model(write_model(tmp_path, "both", both, IDENTITY_CODE))
+
+
+def test_http_front_sequence_parameters(server_factory):
+    th = pytest.importorskip("tritonclient.http")
+    from test_metrics import free_port
+    port = free_port()
+
+    def setup(repo):
+        write_model(repo, "seq", seq_config("seq", "direct { }"), STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup, args=["--http-port", str(port)])
+    wait_until(lambda: _live(port), 60, "the HTTP front listening")
+    client = th.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        def call(v, **kw):
+            inp = th.InferInput("INPUT0", [1, 1], "INT64")
+            inp.set_data_from_numpy(np.array([[v]], np.int64))
+            return int(client.infer("seq", [inp], **kw).as_numpy("OUTPUT0")[0, 0])
+
+        assert call(4, sequence_id=77, sequence_start=True) == 4
+        assert call(5, sequence_id=77) == 9
+        assert call(6, sequence_id=77, sequence_end=True) == 15
+        with pytest.raises(th.InferenceServerException, match="must specify the START flag"):
+            call(1, sequence_id=77)
+    finally:
+        client.close()
+
+
+def _live(port: int) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
