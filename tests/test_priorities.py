@@ -341,7 +341,7 @@ def test_http_front_forwards_parameters_and_maps_priority_and_timeout(server_fac
         assert json.loads(reply["outputs"][0]["data"][0]) == {"tag": "http", "n": 3}
         for params, words in [({"priority": -1}, "parameter 'priority' must be a non-negative"),
                               ({"timeout": "soon"}, "parameter 'timeout' must be"),
-                              ({"sequence_id": 3}, "sequence extension"),
+                              ({"sequence_id": 3}, "model 'params' has no sequence_batching"),
                               ({"x": [1, 2]}, "parameter 'x' is a list")]:
             status, reply = raw(port, "POST", "/v2/models/params/infer",
                                 json.dumps({**body, "parameters": params}).encode())
@@ -401,10 +401,11 @@ def test_hostile_request_options_are_answered_and_the_server_keeps_serving(main_
             assert "model 'params'" in got[1]
         ok = send(at(msgpack.packb({"k": "v"})), msgpack.packb({"k": "v"}))
         assert ok[0] == P.Status.OK, ok
-        # Sequence fields are carried; a model without sequence batching ignores them.
-        ok = send({"sequence_id": 42, "flags": P.SEQUENCE_START | P.SEQUENCE_END, "priority": 7,
-                   "timeout_us": 1})
+        ok = send({"priority": 7, "timeout_us": 1})
         assert ok[0] == P.Status.OK, ok
+        # Sequence fields to a model without sequence batching are refused (test_sequence.py).
+        refused = send({"sequence_id": 42, "flags": P.SEQUENCE_START | P.SEQUENCE_END})
+        assert refused[0] == P.Status.INVALID_ARG and "has no sequence_batching" in refused[1]
     finally:
         raw.close()
     assert client.infer("params", {"INPUT0": X}, parameters={"still": True})["OUTPUT0"][0, 0] == \

@@ -399,3 +399,92 @@ def _live(port: int) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+# BLS: a Triton-API model that forwards its request to "acc" as a sequence request,
+# its correlation id and flags from parameters.
+BLS_CODE = '''
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            p = json.loads(r.parameters())
+            flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if p.get("start") else 0) | \\
+                    (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if p.get("end") else 0)
+            reply = pb_utils.InferenceRequest(
+                model_name="acc", inputs=[pb_utils.get_input_tensor_by_name(r, "INPUT0")],
+                requested_output_names=["OUTPUT0"], correlation_id=p["id"], flags=flags).exec()
+            if reply.has_error():
+                raise pb_utils.TritonModelException(reply.error().message())
+            out.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(reply, "OUTPUT0")]))
+        return out
+'''
+
+
+def test_bls_requests_carry_correlation_id_and_flags(server_factory):
+    def setup(repo):
+        write_model(repo, "acc", seq_config("acc", "direct { }"), STATE_ACC_CODE)
+        write_model(repo, "caller", python_config("caller", "INT64", (1,)), BLS_CODE)
+
+    c = server_factory(models=(), setup=setup).client()
+    sums = [int(c.infer("caller", x(v), parameters={"id": 9, "start": i == 0, "end": i == 2})
+                ["OUTPUT0"][0, 0]) for i, v in enumerate((2, 3, 4))]
+    assert sums == [2, 5, 9]
+    with pytest.raises(errors.InternalError, match="must specify the START flag"):
+        c.infer("caller", x(1), parameters={"id": 9})
+
+
+def test_hostile_string_ids_are_answered(server_factory):
+    """The string correlation id fields as a hostile client writes them: each request
+    answered with its error, the server serving on."""
+    from helpers import RawLease
+    from shmserve import protocol as P
+    from shmserve.protocol import LAYOUT as L
+
+    def setup(repo):
+        write_model(repo, "strseq", seq_config("strseq", "direct { }", corrid="TYPE_STRING"),
+                    STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    raw = RawLease(server.socket_path)
+    try:
+        data = raw.data_offset
+        raw.buf[data:data + 8] = np.array([[1]], np.int64).tobytes()
+        inputs = [(0, P.DataType.INT64, 2, data, 8, (1, 1))]
+        outputs = [(0, 0, 0, data + 4096, 4096, ())]
+        sid_at = data + 8192
+        raw.buf[sid_at:sid_at + 4] = b"\xff\xfeab"
+
+        def send(options: dict):
+            gen = raw.write_raw_request(0, raw.model_ids["strseq"], 1, 1, inputs, outputs)
+            req = raw.slot_offset(0) + L["slot.request"]
+            for field, v in {"flags": P.SEQUENCE_START, **options}.items():
+                raw._put(req, "request", field, v)
+            assert raw.push(0, gen) == P.RingResult.OK
+            return raw.wait_done(0)
+
+        for options, status, words in [
+            ({"sequence_id_offset": sid_at, "sequence_id_bytes": 257}, P.Status.INVALID_ARG,
+             "string correlation id holds 257 bytes (limit 256)"),
+            ({"sequence_id_offset": sid_at, "sequence_id_bytes": 2, "sequence_id": 5},
+             P.Status.INVALID_ARG, "both a numeric and a string correlation id"),
+            ({"sequence_id_offset": raw.arena_bytes - 1, "sequence_id_bytes": 4},
+             P.Status.BAD_DESCRIPTOR, "string correlation id ["),
+            ({"sequence_id_offset": 0, "sequence_id_bytes": 4}, P.Status.BAD_DESCRIPTOR,
+             "outside the caller's arena"),
+            ({"sequence_id_offset": sid_at, "sequence_id_bytes": 4}, P.Status.INVALID_ARG,
+             "the string correlation id is not UTF-8"),
+            ({"sequence_id": 0}, P.Status.INVALID_ARG, "non-empty correlation ID"),
+        ]:
+            got = send(options)
+            assert got is not None and got[0] == status and words in got[1], (options, got)
+            assert "model 'strseq'" in got[1]
+        ok = send({"sequence_id_offset": sid_at + 2, "sequence_id_bytes": 2})
+        assert ok[0] == P.Status.OK, ok
+    finally:
+        raw.close()
+    (batches,) = records(server.repo / "strseq").values()
+    assert batches == [[["ab", 1, 0, 1, 1, 0]]]

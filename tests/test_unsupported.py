@@ -12,14 +12,13 @@ from shmserve.server.repository import load_model
 
 
 def model(tmp_path, extra: str = "", dims=(-1,)):
-    # sequence and ensemble scheduling exclude dynamic_batching (one oneof in the schema)
-    dynamic = None if "sequence_batching" in extra or "ensemble_scheduling" in extra else "{ }"
+    # ensemble scheduling excludes dynamic_batching (one oneof in the schema)
+    dynamic = None if "ensemble_scheduling" in extra else "{ }"
     return write_model(tmp_path, "m", python_config("m", "FP32", dims, extra=extra,
                                                     dynamic_batching=dynamic), IDENTITY_CODE)
 
 
 @pytest.mark.parametrize("extra, named", [
-    ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching"),
     ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 } ] }',
      "ensemble_scheduling"),
     ("model_transaction_policy { decoupled: true }", "decoupled"),

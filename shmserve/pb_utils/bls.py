@@ -86,9 +86,14 @@ def _send_args(request) -> tuple:
 
 
 def _options(request) -> dict:
-    """The request options a BLS request forwards: its parameters and, as Triton's
-    request timeout, its timeout (microseconds) for the queue too."""
-    return {"parameters": request._parameters or None, "timeout_us": max(request._timeout_us, 0)}
+    """The request options a BLS request forwards: its parameters, as Triton's request
+    timeout its timeout (microseconds) for the queue too, and its correlation id and
+    sequence flags (a sequence model's requests)."""
+    flags = request._flags
+    return {"parameters": request._parameters or None, "timeout_us": max(request._timeout_us, 0),
+            "sequence_id": request._correlation_id,
+            "sequence_start": bool(flags & messages.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+            "sequence_end": bool(flags & messages.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)}
 
 
 def execute(request) -> "messages.InferenceResponse":

@@ -47,12 +47,9 @@ class InferenceRequest:
             raise TritonModelException(
                 f"pb_utils.InferenceRequest('{model_name}'): requested_output_names must be a "
                 f"list of names, got the str {requested_output_names!r}")
-        if flags:
-            raise NotImplementedByShmserve("pb_utils.InferenceRequest(flags=...)",
-                                           "sequence batching")
-        if correlation_id:
-            raise NotImplementedByShmserve("pb_utils.InferenceRequest(correlation_id=...)",
-                                           "sequence batching")
+        if flags & ~(TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | TRITONSERVER_REQUEST_FLAG_SEQUENCE_END):
+            raise TritonModelException(f"pb_utils.InferenceRequest('{model_name}'): flags {flags:#x} "
+                                       "set bits other than SEQUENCE_START and SEQUENCE_END")
         if isinstance(parameters, str):  # Triton takes a JSON object string too
             try:
                 parameters = json.loads(parameters)
