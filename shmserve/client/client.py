@@ -96,8 +96,10 @@ class Client:
         honoured where the model's queue policy has allow_timeout_override; 0 = the
         model's), parameters ({name: bool | int | float | str}, Triton's request
         parameters, given to the model)."""
-        return self.engine.infer(model, inputs, outputs, version, timeout, copy,
-                                 _options(priority, timeout_us, parameters))
+        if priority or timeout_us or parameters:
+            return self.engine.infer(model, inputs, outputs, version, timeout, copy,
+                                     _options(priority, timeout_us, parameters))
+        return self.engine.infer(model, inputs, outputs, version, timeout, copy)
 
     def submit(self, model: str, inputs, outputs=None, version: int | None = None,
                copy: bool = False, *, priority: int = 0, timeout_us: int = 0,
