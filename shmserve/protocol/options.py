@@ -13,6 +13,9 @@ import msgpack
 
 from .layout import LAYOUT
 
+__all__ = ["MAX_PARAMETER_BYTES", "SEQUENCE_START", "SEQUENCE_END", "encode_parameters",
+           "decode_parameters", "options"]
+
 MAX_PARAMETER_BYTES = LAYOUT["MAX_PARAMETER_BYTES"]
 SEQUENCE_START = LAYOUT["REQUEST_SEQUENCE_START"]
 SEQUENCE_END = LAYOUT["REQUEST_SEQUENCE_END"]
@@ -83,4 +86,3 @@ def options(priority=0, timeout_us=0, parameters=None, sequence_id=0, sequence_s
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= top:
             raise ValueError(f"{name} must be an integer in 0..{top}, got {value!r}")
     return (flags, priority, timeout_us, packed, sequence_id)
-__all__ = ["MAX_PARAMETER_BYTES", "SEQUENCE_START", "SEQUENCE_END", "encode_parameters", "decode_parameters", "options"]

@@ -20,8 +20,8 @@ import numpy as np
 from .. import _core
 from ..backends import Instance, load_backend
 from ..logs import capture_model_output
-from ..protocol import (ERROR_BYTES, LAYOUT, clip_error, decode_parameters, DataType, MailboxState, Status, Timestamp, decode_bytes,
-                        encode_bytes, numpy_dtype)
+from ..protocol import (LAYOUT, DataType, MailboxState, Status, Timestamp, clip_error,
+                        decode_bytes, decode_parameters, encode_bytes, numpy_dtype)
 from . import reshape, warmup
 from .repository import ModelSpec
 from .devices import CPU
