@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interleaved A/B of the identity 4 KiB round trip between two source trees.
 
-Each tree serves its own model_repository with its own code (a server per tree, both
+Each tree serves its own `identity` model with its own code (a server per tree, both
 up for the whole run); rounds alternate which tree is measured first (A B, B A, ...),
 each measurement a fresh client process of that tree: warm-up, then --requests timed
 `infer("identity", [1, 1024] FP32)` calls, one at a time (copy=False, released). The
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -54,8 +55,11 @@ def env_of(tree: Path, runtime: Path) -> dict:
 
 
 def serve(tree: Path, name: str, runtime: Path, log: Path) -> subprocess.Popen:
+    """The tree's server on a repository of its own `identity` model alone."""
+    repo = log.parent / f"repo-{name}"
+    shutil.copytree(tree / "model_repository" / "identity", repo / "identity")
     proc = subprocess.Popen([sys.executable, "-m", "shmserve.cli", "serve", "--model-repository",
-                             str(tree / "model_repository"), "--name", name],
+                             str(repo), "--name", name],
                             env=env_of(tree, runtime), stdout=log.open("ab"),
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True)

@@ -224,6 +224,7 @@ def fill_slot(fdp, arena: Arena, slot_off: int) -> tuple[bytearray, int, int, in
         for field, top in ((R.MODEL_ID, N_MODELS), (R.N_INPUTS, 17), (R.N_OUTPUTS, 17)):
             field.put(req, 0, fdp.ConsumeIntInRange(0, top))
         R.FLAGS.put(req, 0, 0)
+        R.PARAMS_BYTES.put(req, 0, 0)  # no parameters: the tensors' checks are the target
     else:  # well formed, then 0-4 mutations
         structured(fdp, arena, req)
         for _ in range(fdp.ConsumeIntInRange(0, 4) if mode else 0):
@@ -465,7 +466,7 @@ def main(argv: list[str]) -> None:
         elif arg.startswith("--"):
             sys.exit(f"unknown option {arg} (see --help)")
     if not any(a.startswith("-max_len=") for a in rest):
-        rest.append("-max_len=8192")  # a raw request alone is 3104 bytes
+        rest.append("-max_len=8192")  # a raw request alone is 3136 bytes
     missing = [t.name for t in P.DataType if t != P.DataType.INVALID and t not in ELEM]
     print(f"fuzz_campaign: target {TARGET}; {N_MODELS} models, arenas of "
           f"{[a.size for a in ARENAS]} bytes (data from {[a.data for a in ARENAS]})"

@@ -100,9 +100,11 @@ class Client:
         parameters, given to the model); for a model with sequence_batching,
         sequence_id (Triton's correlation id: a non-zero integer or a non-empty string),
         sequence_start and sequence_end (the first and last request of the sequence)."""
-        return self.engine.infer(model, inputs, outputs, version, timeout, copy,
-                                 _options(priority, timeout_us, parameters, sequence_id,
-                                          sequence_start, sequence_end))
+        if priority or timeout_us or parameters or sequence_id or sequence_start or sequence_end:
+            return self.engine.infer(model, inputs, outputs, version, timeout, copy,
+                                     _options(priority, timeout_us, parameters, sequence_id,
+                                              sequence_start, sequence_end))
+        return self.engine.infer(model, inputs, outputs, version, timeout, copy)
 
     def submit(self, model: str, inputs, outputs=None, version: int | None = None,
                copy: bool = False, *, priority: int = 0, timeout_us: int = 0,

@@ -13,6 +13,9 @@ import msgpack
 
 from .layout import LAYOUT
 
+__all__ = ["MAX_PARAMETER_BYTES", "MAX_SEQUENCE_ID_BYTES", "SEQUENCE_START", "SEQUENCE_END",
+           "encode_parameters", "decode_parameters", "decode_sequence_id", "options"]
+
 MAX_PARAMETER_BYTES = LAYOUT["MAX_PARAMETER_BYTES"]
 MAX_SEQUENCE_ID_BYTES = LAYOUT["MAX_SEQUENCE_ID_BYTES"]
 SEQUENCE_START = LAYOUT["REQUEST_SEQUENCE_START"]
@@ -104,5 +107,3 @@ def decode_sequence_id(data) -> str:
         return bytes(data).decode()
     except UnicodeDecodeError as e:
         raise ValueError(f"the string correlation id is not UTF-8 ({e})") from None
-__all__ = ["MAX_PARAMETER_BYTES", "MAX_SEQUENCE_ID_BYTES", "SEQUENCE_START", "SEQUENCE_END",
-           "encode_parameters", "decode_parameters", "decode_sequence_id", "options"]

@@ -10,7 +10,7 @@ from ...protocol import FailureReason, Status
 from ..repository import ModelSpec
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Pending:
     """One validated request waiting in a scheduler (built by intake)."""
     shadow: int  # the request's shadow index: what a worker's mailbox names it by
@@ -22,7 +22,7 @@ class Pending:
     generation: int = 0  # of the slot's request, to answer it
     priority: int = 0  # the request's priority option (0: the model's default level)
     timeout_us: int = 0  # its timeout option; once queued, the queue timeout that applies
-    queue_index: int = -1  # FifoQueue: which of its queues holds it (-1: none)
+    queue_index: int = -1  # FifoQueue with timeouts: which of its queues holds it (-1: none)
 
 
 class Rejection(NamedTuple):

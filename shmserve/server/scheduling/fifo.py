@@ -11,14 +11,15 @@ priority 0, or one above priority_levels, is the model's default level, as in Tr
 Timeouts: Triton's rule, a request's own timeout_us counts only where its level allows
 the override and only if it is shorter than the level's default_timeout_microseconds.
 
-Cost: a model with one level and no timeout keeps one deque in use; expire() returns
-at once. Deadlines live in a heap only when some level has a timeout or allows one."""
+Cost: a model with one level and no DELAY iterates one deque; without a timeout,
+expire() returns at once and no request carries a queue index. Deadlines live in a
+heap only when some level has a timeout or allows one."""
 from __future__ import annotations
 
 import collections
 import heapq
 import itertools
-from typing import Iterator, NamedTuple
+from typing import Iterable, NamedTuple
 
 from ...protocol import Status
 from ..repository import ModelSpec
@@ -50,7 +51,10 @@ class FifoQueue(Scheduler):
         self.queues: list[collections.deque[Pending]] = [
             collections.deque() for _ in range(2 * len(self.policies))]
         self.count = 0
+        self.n_levels = len(self.policies)
         self.timed = any(p.timeout_us or p.allow_override for p in self.policies)
+        # One level that never DELAYs uses queues[0] alone: the common case, kept cheap.
+        self.simple = self.n_levels == 1 and not self.policies[0].delay
         self.deadlines: list[tuple[int, int, Pending]] = []  # heap: (deadline_ns, seq, p)
         self.seq = itertools.count()
 
@@ -62,8 +66,10 @@ class FifoQueue(Scheduler):
         """Every request held, in the order batches take them (for tests and tools)."""
         return list(self.ordered())
 
-    def ordered(self) -> Iterator[Pending]:
+    def ordered(self) -> Iterable[Pending]:
         """The requests held in the order batches take them."""
+        if self.simple:
+            return self.queues[0]
         return itertools.chain.from_iterable(self.queues)
 
     def head(self) -> Pending | None:
@@ -72,22 +78,19 @@ class FifoQueue(Scheduler):
                 return q[0]
         return None
 
-    def level_of(self, p: Pending) -> int:
-        """The 0-based priority level of a request (Triton: 0 or out of range = default)."""
-        return p.priority - 1 if 0 < p.priority <= len(self.policies) else self.default_level
-
     def enqueue(self, p: Pending) -> Rejection | None:
-        level = self.level_of(p)
+        # Triton: priority 0, or above priority_levels, is the default level.
+        level = p.priority - 1 if 0 < p.priority <= self.n_levels else self.default_level
         policy = self.policies[level]
         q = self.queues[2 * level]
         limit = policy.max_queue_size
         if limit and len(q) + len(self.queues[2 * level + 1]) >= limit:
             return Rejection(p, Status.BUSY, f"model '{self.spec.name}': queue is full "
                              f"(max_queue_size {limit}); retry later")
-        p.queue_index = 2 * level
         q.append(p)
         self.count += 1
         if self.timed:
+            p.queue_index = 2 * level
             timeout_us = policy.timeout_us
             if policy.allow_override and p.timeout_us and (p.timeout_us < timeout_us):
                 timeout_us = p.timeout_us
@@ -100,10 +103,13 @@ class FifoQueue(Scheduler):
         """Removes the requests of a batch (in the order ordered() gave them)."""
         n = len(picked)
         self.count -= n
+        if self.timed:  # their deadlines in the heap are stale from now on
+            for p in picked:
+                p.queue_index = -1
         i = 0
         for q in self.queues:  # the common case: the batch is the head of the order
             while i < n and q and q[0] is picked[i]:
-                q.popleft().queue_index = -1
+                q.popleft()
                 i += 1
             if i == n:
                 return
@@ -113,8 +119,6 @@ class FifoQueue(Scheduler):
         for k, q in enumerate(self.queues):
             if any(id(p) in rest for p in q):
                 self.queues[k] = collections.deque(p for p in q if id(p) not in rest)
-        for p in picked[i:]:
-            p.queue_index = -1
 
     def expire(self, now_ns: int) -> tuple[list[Rejection], int | None]:
         """Requests past their queue timeout: REJECT answers them (Triton's "Request
