@@ -164,16 +164,17 @@ def check_routing(model_dir: Path, corrids: list, steps: int) -> None:
 @pytest.mark.parametrize("model", ["acc_state", "acc_dict"])
 def test_many_interleaved_sequences_from_several_processes(server_factory, model):
     """56 sequences from 4 processes, 6 steps each, on 2 instances: implicit state
-    (direct, 4 slots an instance: a backlog forms) and the model's own dict (oldest, 8
-    candidates an instance)."""
+    (direct, 32 slots an instance) and the model's own dict (oldest, 32 candidates an
+    instance). The slots hold every sequence at once: a caller that keeps more
+    sequences open than there are slots, with a bounded window of requests in flight,
+    can wait for ever on a backlogged START (as with Triton); the backlog has its own
+    test below."""
     def setup(repo):
-        # A caller's window of 32 requests may hold only backlogged sequences for a
-        # while; a long idle time keeps its own active sequences from being released.
         idle = "max_sequence_idle_microseconds: 60000000 "
-        write_model(repo, "acc_state", seq_config("acc_state", idle + "direct { }", count=2),
-                    STATE_ACC_CODE)
+        write_model(repo, "acc_state", seq_config("acc_state", idle + "direct { }", count=2,
+                                                  max_batch_size=32), STATE_ACC_CODE)
         write_model(repo, "acc_dict", seq_config(
-            "acc_dict", idle + "oldest { max_candidate_sequences: 8 }", count=2, state=False,
+            "acc_dict", idle + "oldest { max_candidate_sequences: 32 }", count=2, state=False,
             controls=CONTROLS_MIXED), DICT_ACC_CODE)
 
     server = server_factory(models=(), setup=setup)
@@ -319,6 +320,28 @@ def test_errors_as_triton_gives_them(server_factory):
     with pytest.raises(errors.InvalidArgumentError, match="must specify the START flag"):
         c.infer("seq", x(1), sequence_id=6)
     assert c.infer("plain", x(3))["OUTPUT0"].tolist() == [[3]]  # the server serves on
+
+
+def test_backlog_waits_for_a_slot(server_factory):
+    """One slot (max_batch_size 1, one instance): a second sequence's START waits in
+    the backlog until the first ENDs, then runs from the initial state."""
+    def setup(repo):
+        write_model(repo, "one", seq_config(
+            "one", "max_sequence_idle_microseconds: 60000000 direct { }", max_batch_size=1),
+            STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    assert int(c.infer("one", x(2), sequence_id=1, sequence_start=True)["OUTPUT0"][0, 0]) == 2
+    waiting = [c.submit("one", x(3), sequence_id=2, sequence_start=True),
+               c.submit("one", x(4), sequence_id=2, sequence_end=True)]
+    wait_until(lambda: c.statistics("one")[0]["shmserve"]["pending"] == 2, 30,
+               "the second sequence in the backlog")
+    assert not any(f.done() for f in waiting)
+    assert int(c.infer("one", x(5), sequence_id=1, sequence_end=True)["OUTPUT0"][0, 0]) == 7
+    assert [int(f.result(timeout=60)["OUTPUT0"][0, 0]) for f in waiting] == [3, 7]
+    (batches,) = records(server.repo / "one").values()
+    assert [b[0][0] for b in batches] == [1, 1, 2, 2]
 
 
 def test_idle_sequences_are_released(server_factory):

@@ -10,6 +10,7 @@ a worker: invalid ones, and the Rejections of a scheduler (reject()).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Sequence
 
@@ -149,7 +150,8 @@ class Intake:
                 self.reject(model_id, Rejection(p, Status.INVALID_ARG, clip_error(
                     f"model '{spec.name}': {e}"), FailureReason.OTHER))
                 return None
-        return SequencePending(**vars(p), corrid=corrid, flags=flags)
+        return SequencePending(*(getattr(p, f.name) for f in dataclasses.fields(Pending)),
+                               corrid=corrid, flags=flags)
 
     def reject(self, model_id: int, r: Rejection) -> None:
         """Answers a queued request with an error, unless its lease ended meanwhile

@@ -35,7 +35,7 @@ from ..repository import ModelSpec
 from .base import Pending, Rejection, Scheduler
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class SequencePending(Pending):
     """A request of a sequence model: its correlation id and flags."""
     corrid: int | str = 0
