@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from helpers import IDENTITY_CODE, python_config, wait_until, write_model
+from test_cpp_client import _run, cpp_build  # noqa: F401 (cpp_build: the session's C++ build)
 from shmserve import errors
 from shmserve.errors import ConfigError
 from shmserve.server.repository import load_model
@@ -511,3 +512,20 @@ def test_hostile_string_ids_are_answered(server_factory):
         raw.close()
     (batches,) = records(server.repo / "strseq").values()
     assert batches == [[["ab", 1, 0, 1, 1, 0]]]
+
+
+@pytest.mark.timeout(420)  # the C++ build, when this is the session's first user of it
+def test_cpp_client_sequences(server_factory, cpp_build):  # noqa: F811
+    """The C++ client's sequence_id / sequence_id_str / sequence_start / sequence_end
+    (clients/cpp/tests/test_client.cpp, mode "sequence")."""
+
+    def setup(repo):
+        write_model(repo, "acc", seq_config("acc", "direct { }"), STATE_ACC_CODE)
+        write_model(repo, "strseq", seq_config("strseq", "direct { }", corrid="TYPE_STRING"),
+                    STATE_ACC_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    r = _run([cpp_build / "shmserve_cpp_tests", "sequence", "--socket", server.socket_path])
+    assert "sequence: 0 failures" in r.stdout, r.stdout
+    rows = [row for batches in records(server.repo / "strseq").values() for b in batches for row in b]
+    assert {row[0] for row in rows if row[3]} == {"cpp-sequence-é"}

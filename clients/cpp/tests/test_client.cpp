@@ -337,11 +337,60 @@ void shutdown(const shmserve::Options &opts) {
   std::printf("shutdown noticed after %.2f s\n", s);
 }
 
+/// Sequence batching (tests/test_sequence.py starts the server): "acc" keeps a running
+/// sum per sequence (numeric ids), "strseq" the same with string ids.
+void sequence(const shmserve::Options &opts) {
+  shmserve::Client client(opts);
+  auto step = [&](const std::string &model, int64_t v, const shmserve::RequestOptions &o) {
+    std::vector<int64_t> x = {v};
+    auto r = client.infer(model, {{"INPUT0", {1, 1}, x}}, o);
+    return r["OUTPUT0"].as<int64_t>()[0];
+  };
+  shmserve::RequestOptions a, b;
+  a.sequence_id = 41;
+  a.sequence_start = true;
+  b.sequence_id_str = "cpp-sequence-é";
+  b.sequence_start = true;
+  CHECK(step("acc", 2, a) == 2, "numeric START");
+  CHECK(step("strseq", 10, b) == 10, "string START");
+  a.sequence_start = b.sequence_start = false;
+  CHECK(step("acc", 3, a) == 5, "numeric step");
+  CHECK(step("strseq", 20, b) == 30, "string step");
+  a.sequence_end = b.sequence_end = true;
+  CHECK(step("acc", 4, a) == 9, "numeric END");
+  CHECK(step("strseq", 30, b) == 60, "string END");
+  a.sequence_end = false;
+  expect_error<shmserve::InvalidArgumentError>("after END, without START", [&] { step("acc", 1, a); },
+                                               "must specify the START flag", shmserve::Status::INVALID_ARG);
+  shmserve::RequestOptions both;
+  both.sequence_id = 1;
+  both.sequence_id_str = "x";
+  expect_error<shmserve::InvalidArgumentError>("two ids", [&] { step("acc", 1, both); }, "not both",
+                                               shmserve::Status::INVALID_ARG);
+  // several sequences in flight at once, interleaved through submit()
+  std::vector<shmserve::Future> fs;
+  for (int k = 0; k < 3; k++)
+    for (uint64_t id = 100; id < 104; id++) {
+      shmserve::RequestOptions o;
+      o.sequence_id = id;
+      o.sequence_start = k == 0;
+      o.sequence_end = k == 2;
+      std::vector<int64_t> x = {int64_t(id) + k};
+      fs.push_back(client.submit("acc", {{"INPUT0", {1, 1}, x}}, {}, 0, o));
+    }
+  for (int k = 0, i = 0; k < 3; k++)
+    for (int64_t id = 100; id < 104; id++, i++) {
+      auto r = fs[i].get(30);
+      int64_t want = (k + 1) * id + k * (k + 1) / 2;
+      CHECK(r["OUTPUT0"].as<int64_t>()[0] == want, "interleaved sequence ", id, " step ", k);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown [--socket P] [--vectors F] [--dir D]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence [--socket P] [--vectors F] [--dir D]\n", argv[0]);
     return 2;
   }
   std::string mode = argv[1], vectors, dir;
@@ -359,6 +408,7 @@ int main(int argc, char **argv) {
   if (mode == "suite") suite(opts);
   if (mode == "roundtrip") run("roundtrip", [&] { roundtrip(opts, dir); });
   if (mode == "shutdown") run("shutdown", [&] { shutdown(opts); });
+  if (mode == "sequence") run("sequence", [&] { sequence(opts); });
   std::printf("%s: %d failure%s\n", mode.c_str(), test::failures, test::failures == 1 ? "" : "s");
   return test::failures ? 1 : 0;
 }

@@ -43,11 +43,16 @@ using Parameter = std::variant<bool, int64_t, double, std::string>;
 /// Per-request options, as Triton's: priority (1 = highest; 0 = the model's
 /// default_priority_level), timeout_us (queue timeout, honoured where the model's queue
 /// policy has allow_timeout_override; 0 = the model's), parameters (given to the model:
-/// pb_utils request.parameters()).
+/// pb_utils request.parameters()); for a model with sequence_batching, the correlation
+/// id (sequence_id, or sequence_id_str for a string id: set one of them) and
+/// sequence_start / sequence_end (tritonclient's names).
 struct RequestOptions {
   uint32_t priority = 0;
   uint64_t timeout_us = 0;
   std::map<std::string, Parameter> parameters;
+  uint64_t sequence_id = 0;
+  std::string sequence_id_str;
+  bool sequence_start = false, sequence_end = false;
 };
 
 /// The msgpack map the protocol carries (docs/protocol.md, 4.5); empty for none.

@@ -35,9 +35,10 @@ struct Call {
   std::shared_ptr<const ModelInfo> model;
   uint64_t in_bytes = 0, rows = 1;           // for the output buffers' sizes
   std::vector<shms_tensor_ref> in_refs, out_refs;
-  // Request options (shms_request); parameters_bytes at parameters_offset in the block.
-  uint32_t flags = 0, priority = 0, parameters_bytes = 0;
-  uint64_t timeout_us = 0, parameters_offset = 0, sequence_id = 0;
+  // Request options (shms_request); parameters_bytes at parameters_offset in the block,
+  // a string correlation id's sequence_id_bytes at sequence_id_offset.
+  uint32_t flags = 0, priority = 0, parameters_bytes = 0, sequence_id_bytes = 0;
+  uint64_t timeout_us = 0, parameters_offset = 0, sequence_id = 0, sequence_id_offset = 0;
   std::vector<std::shared_ptr<Block>> keep;  // memory the inputs are in
   std::shared_ptr<Block> out_block;          // output buffers (after the staging area)
   uint64_t staging = 0;                      // arena offset of the staging area for inputs
@@ -362,6 +363,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
     r.parameters_offset = c.parameters_offset;
     r.parameters_bytes = c.parameters_bytes;
     r.sequence_id = c.sequence_id;
+    r.sequence_id_offset = c.sequence_id_offset;
+    r.sequence_id_bytes = c.sequence_id_bytes;
     shms_slot_submit(slot, c.generation);
     int rc = shms_push_request(&ring, client_id, s, c.generation, &Engine::lease_alive, this);
     return rc != SHMS_RING_OK && !shms_slot_withdraw(slot) ? SHMS_RING_OK : rc;

@@ -18,6 +18,15 @@ struct Front {
     const std::string params = encode_parameters(options.parameters);
     call->priority = options.priority;
     call->timeout_us = options.timeout_us;
+    const std::string &sid = options.sequence_id_str;
+    if (!sid.empty() && options.sequence_id)
+      throw InvalidArgumentError("a request has a numeric or a string correlation id, not both");
+    if (sid.size() > SHMS_MAX_SEQUENCE_ID_BYTES)
+      throw InvalidArgumentError("sequence_id_str takes " + std::to_string(sid.size()) + " bytes (limit " +
+                                 std::to_string(SHMS_MAX_SEQUENCE_ID_BYTES) + ")");
+    call->sequence_id = options.sequence_id;
+    call->flags = (options.sequence_start ? SHMS_REQUEST_SEQUENCE_START : 0u) |
+                  (options.sequence_end ? SHMS_REQUEST_SEQUENCE_END : 0u);
     call->model = e.model(model_name, version);
     const ModelInfo &m = *call->model;
     if (inputs.size() > SHMS_MAX_TENSORS)
@@ -54,8 +63,10 @@ struct Front {
         want.push_back(static_cast<uint32_t>(k));
       }
     }
-    // The packed parameters go into the staging area after the copied inputs.
-    e.reserve(*call, want, copy_bytes + (params.empty() ? 0 : align64(params.size())));
+    // The packed parameters, then a string correlation id, go into the staging area
+    // after the copied inputs.
+    e.reserve(*call, want, copy_bytes + (params.empty() ? 0 : align64(params.size())) +
+                               (sid.empty() ? 0 : align64(sid.size())));
     uint64_t at = call->staging;
     for (size_t i = 0; i < inputs.size(); i++) {
       const Input &in = inputs[i];
@@ -73,6 +84,12 @@ struct Front {
       std::memcpy(e.arena_at(at), params.data(), params.size());
       call->parameters_offset = at;
       call->parameters_bytes = static_cast<uint32_t>(params.size());
+      at += align64(params.size());
+    }
+    if (!sid.empty()) {
+      std::memcpy(e.arena_at(at), sid.data(), sid.size());
+      call->sequence_id_offset = at;
+      call->sequence_id_bytes = static_cast<uint32_t>(sid.size());
     }
     e.send(call);
     return call;
