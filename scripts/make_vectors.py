@@ -70,6 +70,16 @@ def request_options(priority: int, timeout_us: int, parameters_offset: int, para
     return bytes(slot[base:base + L["request.size"]])
 
 
+def request_string_id(sequence_id: str, sequence_id_offset: int, sequence_start: bool) -> bytes:
+    """request_simple as the first request of a sequence with a string correlation id,
+    its UTF-8 bytes at sequence_id_offset (docs/protocol.md 4.5.1)."""
+    flags, priority, timeout_us, packed, _, string_id = P.options(
+        sequence_id=sequence_id, sequence_start=sequence_start)
+    base = L["slot.request"]
+    slot = _request_slot(flags, priority, timeout_us, 0, 0, 0, sequence_id_offset, len(string_id))
+    return bytes(slot[base:base + L["request.size"]])
+
+
 def claim_word(owner: int, pos: int) -> bytes:
     # CLAIM(owner, pos), docs/protocol.md section 5; little-endian u64 as in the cell.
     return struct.pack("<Q", (1 << 63) | ((owner & 0x7FFFFFFF) << 32) | (pos & 0xFFFFFFFF))
@@ -116,6 +126,11 @@ SPECS = {
                         {"priority": 2, "timeout_us": 1500, "parameters_offset": 0x28100,
                          "parameters": {"flag": True, "n": 7, "tag": "cpp", "x": 1.5},
                          "sequence_id": 42, "sequence_start": True, "sequence_end": True}),
+    "request_string_id": ("request_simple as a sequence's START with the string correlation id "
+                          "'seq-7' (5 bytes) at 0x28100",
+                          request_string_id,
+                          {"sequence_id": "seq-7", "sequence_id_offset": 0x28100,
+                           "sequence_start": True}),
     "claim_word": ("ring cell seq while claimed: CLAIM(owner 3, pos 4097), u64 little-endian",
                    claim_word, {"owner": 3, "pos": 4097}),
     "ring_cell_after_push": ("32-byte ring cell, then enqueue_pos (u64), after push(owner 3, slot 5, "

@@ -28,6 +28,8 @@ PINNED = {
     "request.timeout_us": 24,
     "request.parameters_offset": 32,
     "request.sequence_id": 40,
+    "request.sequence_id_offset": 48,
+    "request.sequence_id_bytes": 56,
     "ring_cell.size": 32,
     "control.size": 256,
     "control.enqueue_pos": 64,

@@ -48,6 +48,11 @@ def test_vectors_agree_with_the_worked_example_of_protocol_md():
                           + (1500).to_bytes(8, "little") + (0x28100).to_bytes(8, "little")
                           + (42).to_bytes(8, "little") + bytes(16))
     assert opt[64:] == req[64:]
+    # a string correlation id: sequence_id 0, sequence_id_offset and _bytes set
+    sid = bytes.fromhex(STORED["request_string_id"]["hex"])
+    assert sid[12:64] == (bytes.fromhex("01000000") + bytes(32) + (0x28100).to_bytes(8, "little")
+                          + (5).to_bytes(4, "little") + bytes(4))
+    assert sid[64:] == req[64:]
     assert msgpack.unpackb(params) == {"flag": True, "n": 7, "tag": "cpp", "x": 1.5}
 
 

@@ -446,6 +446,8 @@ typedef struct shms_server_header {
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_ref) == 96, "shms_tensor_ref size");
 SHMS_STATIC_ASSERT(sizeof(shms_request) == 64 + 2 * SHMS_MAX_TENSORS * 96, "shms_request size");
 SHMS_STATIC_ASSERT(offsetof(shms_request, inputs) == 64, "shms_request.inputs offset");
+SHMS_STATIC_ASSERT(offsetof(shms_request, sequence_id_offset) == 48, "shms_request.sequence_id_offset offset");
+SHMS_STATIC_ASSERT(offsetof(shms_request, sequence_id_bytes) == 56, "shms_request.sequence_id_bytes offset");
 SHMS_STATIC_ASSERT(sizeof(shms_ring_cell) == 32, "shms_ring_cell size");
 SHMS_STATIC_ASSERT(sizeof(shms_control) == 256, "shms_control size");
 SHMS_STATIC_ASSERT(offsetof(shms_control, enqueue_pos) == 64, "enqueue_pos offset");

@@ -126,6 +126,15 @@ void test_vectors(const std::string &path) {
   r.sequence_id = 42;
   shms_slot_submit(slot.get(), 1);
   CHECK(hex(&slot->request, sizeof slot->request) == want("request_options"), "request_options differs");
+  // A string correlation id, as Front::submit and publish() write it.
+  std::memset(static_cast<void *>(slot.get()), 0, sizeof *slot);
+  shms_request &rs = *shms_slot_begin(slot.get());
+  encode_request(rs, 2, in, out);
+  rs.flags = SHMS_REQUEST_SEQUENCE_START;
+  rs.sequence_id_offset = 0x28100;
+  rs.sequence_id_bytes = 5;  // "seq-7"
+  shms_slot_submit(slot.get(), 1);
+  CHECK(hex(&slot->request, sizeof slot->request) == want("request_string_id"), "request_string_id differs");
 
   uint64_t claim = shms_claim_word(3, 4097);
   CHECK(hex(&claim, 8) == want("claim_word"), "claim word ", hex(&claim, 8));
