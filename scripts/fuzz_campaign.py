@@ -277,7 +277,7 @@ def fuzz_validator(fdp) -> None:
         return
     check(not stale, "take claimed a slot that was not SUBMITTED with this generation",
           state, slot_gen, gen)
-    check(isinstance(taken, tuple) and len(taken) in (2, 3), "take returned", taken)
+    check(isinstance(taken, tuple) and len(taken) in (2, 11), "take returned", taken)
 
     # Slot: SUBMITTED -> QUEUED, only the state word and t_ns[DEQUEUE] written.
     t2 = R.T_NS.item(P.Timestamp.DEQUEUE)
@@ -320,7 +320,7 @@ def fuzz_validator(fdp) -> None:
         feature(mid, got_check, tensor_position(model, msg) if model else MAXT)
         return
 
-    model_id, rows, key = taken
+    model_id, rows, key, *_ = taken
     check(want_status == Status.OK, "accepted a request protocol.md refuses",
           (int(want_status), want_check, want_msg))
     check(model_id == mid and model is not None and READY[mid], "accepted model id", model_id)
@@ -333,7 +333,7 @@ def fuzz_validator(fdp) -> None:
 def check_accepted(arena: Arena, m: ModelSpec, rows: int, key: bytes, req: dict,
                    shadow_off: int) -> None:
     batched = m.max_batch_size > 0
-    c, s, g, lz, brows, ins, outs, _ = SRV.read_shadow(shadow_off)
+    c, s, g, lz, brows, ins, outs, *_ = SRV.read_shadow(shadow_off)
     check(brows == rows, "read_shadow rows", brows, rows)
     check(len(ins) == len(m.inputs) == req["n_inputs"], "input count", len(ins))
     check(sorted(t.index for t in ins) == list(range(len(m.inputs))), "inputs not a permutation",

@@ -78,6 +78,8 @@ MODEL_ID, N_INPUTS, N_OUTPUTS, FLAGS = (Field.of(f"request.{n}") for n in
                                         ("model_id", "n_inputs", "n_outputs", "flags"))
 PARAMS_OFFSET, PARAMS_BYTES = (Field.of(f"request.{n}") for n in
                                ("parameters_offset", "parameters_bytes"))
+SEQUENCE_ID, SID_OFFSET, SID_BYTES = (Field.of(f"request.{n}") for n in
+                                      ("sequence_id", "sequence_id_offset", "sequence_id_bytes"))
 # shms_tensor_ref, by name (the keys of decode_request's tensor dicts).
 REF = {n: Field.of(f"tensor_ref.{n}") for n in
        ("index", "dtype", "ndim", "memory_kind", "device_id", "offset", "nbytes")}
@@ -100,7 +102,9 @@ def decode_request(raw) -> dict:
     ni, no = N_INPUTS.get(raw), N_OUTPUTS.get(raw)
     return {"model_id": MODEL_ID.get(raw), "n_inputs": ni, "n_outputs": no,
             "inputs": refs(IN0, ni), "outputs": refs(OUT0, no), "flags": FLAGS.get(raw),
-            "parameters_offset": PARAMS_OFFSET.get(raw), "parameters_bytes": PARAMS_BYTES.get(raw)}
+            "parameters_offset": PARAMS_OFFSET.get(raw), "parameters_bytes": PARAMS_BYTES.get(raw),
+            "sequence_id": SEQUENCE_ID.get(raw), "sequence_id_offset": SID_OFFSET.get(raw),
+            "sequence_id_bytes": SID_BYTES.get(raw)}
 
 
 # ---------------------------------------------------------------- section 11
@@ -122,6 +126,9 @@ CHECKS = [
     ("18", "set unknown bits", Status.BAD_DESCRIPTOR),
     ("19", "request parameters hold", Status.INVALID_ARG),
     ("20", "request parameters [", Status.BAD_DESCRIPTOR),
+    ("21", "string correlation id holds", Status.INVALID_ARG),
+    ("22", "both a numeric and a string", Status.INVALID_ARG),
+    ("23", "string correlation id [", Status.BAD_DESCRIPTOR),
     ("NOT_FOUND", "request names an unknown model id ", Status.NOT_FOUND),
     ("UNAVAILABLE", "is not available", Status.UNAVAILABLE),
 ]
@@ -161,7 +168,7 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
               data_end: int) -> tuple[Status, str, str]:
     """(status, check, message) of docs/protocol.md section 11 for a decoded request to
     a table of ModelSpecs: check "OK" (message ""), "NOT_FOUND", "UNAVAILABLE" or the
-    first failing check of the table ("1".."20", "4a", "15a")."""
+    first failing check of the table ("1".."23", "4a", "15a")."""
     mid = req["model_id"]
     if mid >= len(models):
         return _answer("NOT_FOUND", f"request names an unknown model id {mid}")
@@ -261,4 +268,13 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         return refuse("19", f"request parameters hold {pbytes} bytes (limit {P.MAX_PARAMETER_BYTES})")
     if pbytes and (poff < data_begin or poff > data_end or pbytes > data_end - poff):
         return refuse("20", f"request parameters [{poff}, +{pbytes}) are outside the caller's arena")
+    sid, soff, sbytes = req["sequence_id"], req["sequence_id_offset"], req["sequence_id_bytes"]
+    if sbytes > P.MAX_SEQUENCE_ID_BYTES:
+        return refuse("21", f"the string correlation id holds {sbytes} bytes (limit "
+                      f"{P.MAX_SEQUENCE_ID_BYTES})")
+    if sbytes and sid:
+        return refuse("22", "the request carries both a numeric and a string correlation id")
+    if sbytes and (soff < data_begin or soff > data_end or sbytes > data_end - soff):
+        return refuse("23", f"the string correlation id [{soff}, +{sbytes}) is outside the "
+                      "caller's arena")
     return Status.OK, "OK", ""
