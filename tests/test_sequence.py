@@ -529,3 +529,100 @@ def test_cpp_client_sequences(server_factory, cpp_build):  # noqa: F811
     assert "sequence: 0 failures" in r.stdout, r.stdout
     rows = [row for batches in records(server.repo / "strseq").values() for b in batches for row in b]
     assert {row[0] for row in rows if row[3]} == {"cpp-sequence-é"}
+
+
+# -- the scheduler alone (no server) ---------------------------------------------------
+
+def seq_spec(strategy: str = "direct", max_batch_size: int = 2, instances: int = 2, **seq):
+    from shmserve.server.repository import ModelSpec, TensorSpec
+    t = TensorSpec("INPUT0", 9, (1,))
+    sequence = {"strategy": strategy, "idle_us": 1000, "delay_us": 0, "min_slot_utilization": 0.0,
+                "max_candidates": max_batch_size, "preferred": [], "controls": [],
+                "corrid": None, "states": [], **seq}
+    return ModelSpec(name="s", version=1, backend="python", path="/x", max_batch_size=max_batch_size,
+                     inputs=(t,), outputs=(t,), instance_count=instances, dynamic_batching=False,
+                     preferred_batch_sizes=(), max_queue_delay_us=0, parameters={}, config_text="",
+                     sequence=sequence)
+
+
+def sp(i: int, corrid, start=False, end=False, at_us=0):
+    from shmserve import protocol as P
+    from shmserve.server.scheduling import SequencePending
+    flags = (P.SEQUENCE_START if start else 0) | (P.SEQUENCE_END if end else 0)
+    return SequencePending(i, 1, b"k", at_us * 1000, None, 0, corrid=corrid, flags=flags)
+
+
+def test_scheduler_slots_backlog_and_release():
+    from shmserve.server.scheduling import make_scheduler
+    q = make_scheduler(seq_spec())  # 2 instances x 2 slots
+    for i, cid in enumerate((1, 2, 3, 4, 5)):
+        assert q.enqueue(sp(i, cid, start=True)) is None
+    # spread over the instances (most free slots first), the fifth in the backlog
+    assert {cid: (s.instance, s.slot) for cid, s in q.live.items()} == \
+        {1: (0, 0), 2: (1, 0), 3: (0, 1), 4: (1, 1)}
+    assert list(q.backlog) == [5] and len(q) == 5
+    plan, _ = q.assign(0, [0, 1])
+    assert [(i, [p.corrid for p in b]) for i, b in plan] == [(0, [1, 3]), (1, [2, 4])]
+    assert [p.sequence_slot for _, b in plan for p in b] == [0, 1, 0, 1]
+    q.enqueue(sp(9, 2, end=True, at_us=1))
+    plan, _ = q.assign(2000, [1])  # 2's END frees its slot: 5 takes it
+    assert [p.corrid for _, b in plan for p in b] == [2]
+    assert (q.live[5].instance, q.live[5].slot) == (1, 0) and not q.backlog
+    # idle: 1, 3 and 4 have had no request for 1 ms; 5 (started at 2 ms) has one queued
+    rejected, next_release = q.expire(2_000_000)
+    assert rejected == [] and sorted(q.live) == [5] and next_release is None
+    refused = q.enqueue(sp(10, 1, at_us=2001))
+    assert refused is not None and "must specify the START flag" in refused.message
+
+
+def test_scheduler_direct_waits_for_utilization_and_oldest_cuts_to_preferred():
+    from shmserve.server.scheduling import make_scheduler
+    q = make_scheduler(seq_spec(max_batch_size=4, instances=1, min_slot_utilization=1.0,
+                                delay_us=100))
+    for i in range(3):
+        q.enqueue(sp(i, i + 1, start=True, at_us=i))
+    assert q.assign(10_000, [0]) == ([], 100_000)  # 3 of 4 slots: waits for the delay
+    plan, _ = q.assign(100_000, [0])
+    assert [p.corrid for _, b in plan for p in b] == [1, 2, 3]
+    q = make_scheduler(seq_spec("oldest", max_batch_size=4, instances=1, max_candidates=8,
+                                preferred=[2], delay_us=100))
+    for i in range(3):
+        q.enqueue(sp(i, i + 1, start=True, at_us=10 - i))  # the newest sequence id is the oldest
+    plan, _ = q.assign(0, [0])
+    assert [p.corrid for _, b in plan for p in b] == [3, 2]  # oldest first, cut to 2
+    q.enqueue(sp(5, 3, at_us=20))
+    plan, deadline = q.assign(20_000, [0])  # 1's START and 3's next: 2 = preferred
+    assert [p.corrid for _, b in plan for p in b] == [1, 3]
+
+
+STATE_API_CODE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            get = lambda n: pb_utils.get_input_tensor_by_name(r, n).as_numpy()
+            s = get("STATE_IN") + get("INPUT0")
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", s),
+                                                   pb_utils.Tensor("STATE_OUT", s)]))
+        return out
+'''
+
+
+def test_triton_api_state_and_initial_state_from_a_data_file(server_factory):
+    """Implicit state through Triton's python API (state in, state out in the
+    response), its initial state read from initial_state's data_file."""
+    state = STATE.replace('zero_data: true', 'data_file: "hundred"')
+
+    def setup(repo):
+        model_dir = write_model(repo, "api", seq_config("api", "oldest { }", state=False,
+                                                        controls=state), STATE_API_CODE)
+        (model_dir / "initial_state").mkdir()
+        (model_dir / "initial_state" / "hundred").write_bytes(np.array([100], np.int64).tobytes())
+
+    c = server_factory(models=(), setup=setup).client()
+    assert [int(c.infer("api", x(v), sequence_id=3, sequence_start=k == 0)["OUTPUT0"][0, 0])
+            for k, v in enumerate((1, 2, 3))] == [101, 103, 106]
+    assert int(c.infer("api", x(1), sequence_id=3, sequence_start=True)["OUTPUT0"][0, 0]) == 101
