@@ -277,7 +277,7 @@ def fuzz_validator(fdp) -> None:
         return
     check(not stale, "take claimed a slot that was not SUBMITTED with this generation",
           state, slot_gen, gen)
-    check(isinstance(taken, tuple) and len(taken) in (2, 3), "take returned", taken)
+    check(isinstance(taken, tuple) and len(taken) in (2, 7), "take returned", taken)
 
     # Slot: SUBMITTED -> QUEUED, only the state word and t_ns[DEQUEUE] written.
     t2 = R.T_NS.item(P.Timestamp.DEQUEUE)
@@ -320,7 +320,11 @@ def fuzz_validator(fdp) -> None:
         feature(mid, got_check, tensor_position(model, msg) if model else MAXT)
         return
 
-    model_id, rows, key = taken
+    model_id, rows, key, priority, timeout_us, params_off, params_bytes = taken
+    check((priority, timeout_us, params_off, params_bytes) ==
+          tuple(R.Field.of(f"request.{n}").get(shadow_req) for n in
+                ("priority", "timeout_us", "parameters_offset", "parameters_bytes")),
+          "options differ from the shadow's", taken)
     check(want_status == Status.OK, "accepted a request protocol.md refuses",
           (int(want_status), want_check, want_msg))
     check(model_id == mid and model is not None and READY[mid], "accepted model id", model_id)
