@@ -320,7 +320,12 @@ def fuzz_validator(fdp) -> None:
         feature(mid, got_check, tensor_position(model, msg) if model else MAXT)
         return
 
-    model_id, rows, key, *_ = taken
+    model_id, rows, key, *options = taken
+    check(tuple(options) ==
+          tuple(R.Field.of(f"request.{n}").get(shadow_req) for n in
+                ("priority", "timeout_us", "parameters_offset", "parameters_bytes", "flags",
+                 "sequence_id", "sequence_id_offset", "sequence_id_bytes")),
+          "options differ from the shadow's", taken)
     check(want_status == Status.OK, "accepted a request protocol.md refuses",
           (int(want_status), want_check, want_msg))
     check(model_id == mid and model is not None and READY[mid], "accepted model id", model_id)
