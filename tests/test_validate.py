@@ -215,13 +215,14 @@ def test_max_batch_size_with_a_fixed_first_dimension(repo, capsys):
 
 def test_fields_refused_are_errors_and_fields_ignored_are_warnings(repo, capsys):
     write_model(repo, "seq", python_config("seq", dynamic_batching=None, extra=(
-        "ensemble_scheduling { }\nmodel_transaction_policy { decoupled: true }\n"
+        'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
+        'source_input: "INPUT0" } ]\nmodel_transaction_policy { decoupled: true }\n'
         "response_cache { enable: true }")), IDENTITY_CODE)
     rc, findings = validate(capsys, repo)
     errors = {f["line"]: f for f in findings if f["model"] == "seq" and f["severity"] == "error"}
     # every refused field, though the start stops at the first
     assert rc == 1 and sorted(errors) == [6, 7], findings
-    assert errors[6]["message"].startswith("ensemble_scheduling is not implemented")
+    assert errors[6]["message"].startswith("batch_input is not implemented")
     assert "decoupled" in errors[7]["message"]
     assert all(e["fix"].startswith("remove it") for e in errors.values())
     warning = only(findings, "seq", "warning")
@@ -311,7 +312,9 @@ def test_validate_creates_no_segment_and_no_process(repo, capsys, forbidden):
     # every kind of problem at once, and an ONNX model without config (auto-complete)
     write_model(repo, "bad", 'name: "bad"\nmax_batch_size: x\n', IDENTITY_CODE)
     write_model(repo, "seq", python_config("seq", dynamic_batching=None,
-                                           extra="ensemble_scheduling { }"), IDENTITY_CODE)
+                                           extra='batch_input [ { kind: BATCH_ELEMENT_COUNT '
+                                           'target_name: "N" data_type: TYPE_INT32 '
+                                           'source_input: "INPUT0" } ]'), IDENTITY_CODE)
     write_model(repo, "none", python_config("none"), versions=(1,))
     onnx_model(repo, "auto", ["b", 3], ["b", 3])
     onnx_model(repo, "fixed", [2, 3], [2, 3], 'name: "fixed"\nbackend: "onnxruntime"\n'

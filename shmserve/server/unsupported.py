@@ -1,7 +1,7 @@
 """config.pbtxt fields shmserve does not implement yet: never accepted in silence.
 
-A field whose absence would change what a caller gets back (an ensemble, a ragged batch, a decoupled model answered once) is
-refused with a ConfigError naming it; one that only changes when or how fast
+A field whose absence would change what a caller gets back (a ragged batch, a
+decoupled model answered once) is refused with a ConfigError naming it; one that only changes when or how fast
 requests run (the response cache, pinned memory, CUDA graphs) is loaded
 with a warning naming it. Everything else set in a config is implemented; a
 backend's own parameters and options are checked by the backend (backends/).
@@ -20,9 +20,11 @@ log = logging.getLogger("shmserve.repository")
 # elsewhere); `runtime` is a Triton backend library name, irrelevant here.
 IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "input", "output",
                "instance_group", "dynamic_batching", "parameters", "version_policy",
-               "default_model_filename", "model_warmup", "optimization", "sequence_batching"}
+               "default_model_filename", "model_warmup", "optimization",
+               "ensemble_scheduling",  # ensemble.py
+               "sequence_batching"}  # sequence_config.py
 # Set, these change results: refused.
-REFUSED = {"ensemble_scheduling", "batch_input", "batch_output"}
+REFUSED = {"batch_input", "batch_output"}
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
                        "default_queue_policy", "priority_levels", "default_priority_level",
                        "priority_queue_policy", "preserve_ordering"}
