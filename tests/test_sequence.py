@@ -398,7 +398,7 @@ def test_http_front_sequence_parameters(server_factory):
     def setup(repo):
         write_model(repo, "seq", seq_config("seq", "direct { }"), STATE_ACC_CODE)
 
-    server = server_factory(models=(), setup=setup, args=["--http-port", str(port)])
+    server_factory(models=(), setup=setup, args=["--http-port", str(port)])
     wait_until(lambda: _live(port), 60, "the HTTP front listening")
     client = th.InferenceServerClient(f"127.0.0.1:{port}")
     try:

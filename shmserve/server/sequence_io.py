@@ -12,9 +12,10 @@ begun before is answered UNAVAILABLE.
 
 Control tensors: START, END, READY hold the config's false/true values (int32, fp32 or
 bool), CORRID the correlation id in its data_type (TYPE_STRING: the string id); shape
-[rows, 1] for a batching model ([1] without). A direct batch is indexed by slot: a
-slot with no request is a null row (READY false, zeros in every input, its outputs
-dropped), as Triton's direct strategy gives it.
+[rows, 1] for a batching model ([1] without). A direct batch of a numpy-dict model is
+indexed by slot: a slot with no request is a null row (READY false, zeros in every
+input, its outputs dropped), as Triton's direct strategy gives it; Triton's python
+API gets the batch's requests alone, each with its own [1, 1] control tensors.
 """
 from __future__ import annotations
 
