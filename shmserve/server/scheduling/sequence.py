@@ -207,6 +207,8 @@ class SequenceScheduler(Scheduler):
                 self.live.move_to_end(p.corrid)
                 if p.flags & SEQUENCE_END:
                     self.free(seq, now_ns)
+        if self.rejected:  # requests after an END without START: expire() answers them next pass
+            deadline = now_ns
         return plan, deadline
 
     def form(self, heads: list[tuple[int, SequencePending]], now_ns: int):
