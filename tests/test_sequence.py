@@ -626,3 +626,17 @@ def test_triton_api_state_and_initial_state_from_a_data_file(server_factory):
     assert [int(c.infer("api", x(v), sequence_id=3, sequence_start=k == 0)["OUTPUT0"][0, 0])
             for k, v in enumerate((1, 2, 3))] == [101, 103, 106]
     assert int(c.infer("api", x(1), sequence_id=3, sequence_start=True)["OUTPUT0"][0, 0]) == 101
+
+
+def test_scheduler_request_queued_after_an_end_without_start_is_refused():
+    from shmserve.server.scheduling import make_scheduler
+    q = make_scheduler(seq_spec(instances=1))
+    assert q.enqueue(sp(0, 7, start=True, end=True)) is None
+    assert q.enqueue(sp(1, 7)) is None  # queued behind: the sequence is live now
+    assert q.enqueue(sp(2, 7, start=True)) is None  # the id's next sequence
+    plan, deadline = q.assign(5, [0])
+    assert [p.shadow for _, b in plan for p in b] == [0] and deadline == 5
+    rejected, _ = q.expire(5)
+    assert [(r.pending.shadow, "must specify the START flag" in r.message) for r in rejected] == \
+        [(1, True)]
+    assert len(q) == 1 and [p.shadow for _, b in q.assign(6, [0])[0] for p in b] == [2]
