@@ -196,12 +196,13 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
     ni, no, n_in = req["n_inputs"], req["n_outputs"], len(m.inputs)
     if ni > MAXT or no > MAXT:
         return refuse("1", f"request has {ni} inputs and {no} outputs (limit {MAXT})")
-    if ni != n_in:
-        given = {t["index"] for t in req["inputs"][:ni]}
-        missing = [s.name for k, s in enumerate(m.inputs) if k not in given]
+    # Check 2 only when the indexes are in range and distinct (else checks 3-4 name the
+    # fault); these models mark no input optional, so every one must be given.
+    indexes = [t["index"] for t in req["inputs"][:ni]]
+    if all(k < n_in for k in indexes) and len(set(indexes)) == len(indexes):
+        missing = [s.name for k, s in enumerate(m.inputs) if k not in indexes]
         if missing:
             return refuse("2", f"missing input '{missing[0]}' (expects {n_in} inputs, got {ni})")
-        return refuse("2", f"expects {n_in} inputs, got {ni}")
     seen, rows = set(), None
     for t in req["inputs"][:ni]:
         refusal, name = entry(t, "input", seen)
