@@ -15,13 +15,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-OUT=build/fuzz
+OUT=${SHMS_FUZZ_OUT:-build/fuzz}  # where builds, seeds and the working corpora go
+case $OUT in /*) ;; *) OUT=$ROOT/$OUT ;; esac
 CC=${CC:-clang}
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 TARGETS=(take ring answer)
-export SHMS_FUZZ_MODELS=$ROOT/$OUT/models.bin
+export SHMS_FUZZ_MODELS=$OUT/models.bin
 
-need() { command -v "$1" >/dev/null || { echo "fuzz_core.sh: $1 not found ($2)" >&2; exit 2; }; }
+# Exit status 3: a piece of the toolchain is missing (tests/test_fuzz_core.py skips then).
+need() { command -v "$1" >/dev/null || { echo "fuzz_core.sh: $1 not found ($2)" >&2; exit 3; }; }
 
 fuzzer_lib() {
   # libFuzzer without its main(): the harness's main picks the target and calls
@@ -35,13 +37,18 @@ fuzzer_lib() {
   if [ ! -f "$lib" ]; then
     lib=$("$PY" -c 'import atheris, os; print(os.path.join(os.path.dirname(os.path.dirname(atheris.__file__)), "libclang_rt.fuzzer_no_main.a"))' 2>/dev/null || true)
   fi
-  [ -f "$lib" ] || { echo "fuzz_core.sh: no libclang_rt.fuzzer_no_main (install libclang-rt-14-dev)" >&2; exit 2; }
+  [ -f "$lib" ] || { echo "fuzz_core.sh: no libclang_rt.fuzzer_no_main (install libclang-rt-14-dev)" >&2; exit 3; }
   echo "$lib"
 }
 
 build() {
   need "$CC" "install clang"
   mkdir -p "$OUT"
+  echo 'int main(void) { return 0; }' > "$OUT/probe.c"
+  "$CC" -fsanitize=address,undefined "$OUT/probe.c" -o "$OUT/probe" 2>/dev/null || {
+    echo "fuzz_core.sh: $CC cannot link -fsanitize=address,undefined (its sanitizer runtimes are missing; Debian: libclang-rt-14-dev)" >&2
+    exit 3
+  }
   local lib common
   lib=$(fuzzer_lib)
   common=(-std=gnu11 -g -Ishmserve/csrc tests/fuzz/shms_fuzz.c "$lib" -lstdc++ -lm -lpthread)
@@ -57,6 +64,9 @@ build() {
   echo "built $OUT/shms_fuzz, $OUT/shms_fuzz_cov; seeds in $OUT/seeds"
 }
 
+# Longest input: a slot (4992 bytes) for answer; take and ring need less than 4096.
+max_len() { [ "$1" = answer ] && echo 5000 || echo 4096; }
+
 check_target() {
   case " ${TARGETS[*]} " in *" $1 "*) ;; *) echo "fuzz_core.sh: unknown target '$1' (${TARGETS[*]})" >&2; exit 2;; esac
 }
@@ -68,7 +78,7 @@ run() {
   mkdir -p "$OUT/corpus/$target" "$OUT/artifacts"
   # One process (the machine is shared). Starts from the committed corpus and the seeds.
   "$OUT/shms_fuzz" "$target" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-    -max_len=4096 -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$target-" "$@" \
+    -max_len="$(max_len "$target")" -print_final_stats=1 -artifact_prefix="$OUT/artifacts/$target-" "$@" \
     "$OUT/corpus/$target" "tests/fuzz_corpus/$target" "$OUT/seeds/$target"
 }
 
@@ -78,8 +88,13 @@ merge() {
   local dest=tests/fuzz_corpus/$target
   rm -rf "$OUT/merged-$target"
   mkdir -p "$OUT/merged-$target" "$dest"
-  "$OUT/shms_fuzz" "$target" -merge=1 -max_len=4096 "$OUT/merged-$target" "$dest" \
+  "$OUT/shms_fuzz" "$target" -merge=1 -max_len="$(max_len "$target")" "$OUT/merged-$target" "$dest" \
     "$OUT/corpus/$target" "$OUT/seeds/$target"
+  # Replace the committed corpus only with a merge that kept something.
+  if [ -z "$(ls -A "$OUT/merged-$target")" ]; then
+    echo "fuzz_core.sh: the merge of $target kept nothing; $dest left as it was" >&2
+    exit 1
+  fi
   rm -f "$dest"/*
   cp "$OUT/merged-$target"/* "$dest/"
   echo "$dest: $(ls "$dest" | wc -l) files, $(du -sk "$dest" | cut -f1) KiB"
@@ -93,7 +108,7 @@ cov() {
   for t in "${targets[@]}"; do
     check_target "$t"
     # Each file given alone is run once (libFuzzer's replay mode).
-    LLVM_PROFILE_FILE="$ROOT/$OUT/cov-$t.profraw" \
+    LLVM_PROFILE_FILE="$OUT/cov-$t.profraw" \
       "$OUT/shms_fuzz_cov" "$t" tests/fuzz_corpus/"$t"/* >/dev/null 2>&1
   done
   llvm-profdata merge -sparse "$OUT"/cov-*.profraw -o "$OUT/cov.profdata"

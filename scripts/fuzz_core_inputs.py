@@ -4,13 +4,14 @@
     python scripts/fuzz_core_inputs.py models FILE        the harness's model table
     python scripts/fuzz_core_inputs.py seeds DIR          seed corpora DIR/{take,ring,answer}
     python scripts/fuzz_core_inputs.py replay TARGET FILE|DIR ...
+    python scripts/fuzz_core_inputs.py replay-edges        take_edges() through take
 
-models: the table of scripts/fuzz_requests.py (the atheris campaign's 9 models) as the
-coordinator writes it (Mapping.write_model_entry, ready words), raw shms_model_entry
-bytes; scripts/fuzz_core.sh passes it to the harness as SHMS_FUZZ_MODELS.
+models: the table of scripts/fuzz_requests.py (the atheris campaign's 11 models) as the
+coordinator writes it (fuzz_requests.write_models), raw shms_model_entry bytes; scripts/fuzz_core.sh passes it to the harness as SHMS_FUZZ_MODELS.
 
 seeds: take, well-formed requests from fuzz_requests.structured (plus mutated ones),
-so that the fuzzer starts past the header checks; ring, honest push/consume runs;
+so that the fuzzer starts past the header checks, and take_edges (bounds just inside
+and outside the caller's data); ring, honest push/consume runs;
 answer, slots answered by Mapping.complete.
 
 replay: each input through the gcc-built extension (shmserve._core), read as the
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fuzz_reference as R  # noqa: E402
 from fuzz_reference import ALIGN, BYTES, ELEM, MAXD, MAXT, REQ_SIZE  # noqa: E402
-from fuzz_requests import MODELS, N_MODELS, READY, mutate, structured  # noqa: E402
+from fuzz_requests import MODELS, N_MODELS, READY, mutate, structured, write_models  # noqa: E402
 
 from shmserve import _core  # noqa: E402
 from shmserve.protocol import LAYOUT as L  # noqa: E402
@@ -68,11 +69,7 @@ class Segments:
         self.srv_mm = mmap.mmap(-1, self.slay.size)
         self.srv = _core.Mapping(self.srv_mm)
         self.srv.init_server(1, N_SLOTS, N_MODELS, 1)
-        for i, m in enumerate(MODELS):  # as the coordinator's write_model_entry
-            self.srv.write_model_entry(self.slay.model(i), m.name, m.version, m.max_batch_size,
-                                       [(t.name, t.dtype, t.dims) for t in m.inputs],
-                                       [(t.name, t.dtype, t.dims) for t in m.outputs])
-            self.srv.store32(self.slay.model(i) + L["model.ready"], int(READY[i]))
+        write_models(self.srv, self.slay)
         self.arenas = [Arena(4096), Arena(65536)]
 
     def model_table(self) -> bytes:
@@ -189,6 +186,34 @@ def take_seeds(count: int = 96) -> list[bytes]:
             mutate(fdp, seg.arenas[arena_index], req)
         seeds.append(bytes([arena_index, i % N_SLOTS, 0, 0]) + bytes(req).rstrip(b"\0"))
     return seeds
+
+
+def take_edges() -> list[bytes]:
+    """Bounds at the edges of the caller's data, which an edge-minimised corpus need
+    not keep (one input reaches both sides of a comparison): for a well-formed request
+    to each model, its first input's and first output's (offset, nbytes) set just
+    inside and just outside [data_offset, arena size), and wrapping 2^64."""
+    seg = segments()
+    out = []
+    for mid in range(N_MODELS):
+        fdp = Shim(1000 + mid)
+        for arena_index, arena in enumerate(seg.arenas):
+            req = bytearray(REQ_SIZE)
+            while R.MODEL_ID.get(req) != mid or not R.N_OUTPUTS.get(req):
+                req = bytearray(REQ_SIZE)
+                structured(fdp, arena, req)
+            begin, end = arena.data, arena.size
+            for base in (R.IN0, R.OUT0):
+                nbytes = R.NBYTES.get(req, base)
+                for off, nb in ((end - ALIGN, ALIGN), (end - ALIGN, ALIGN + 1), (end, 0),
+                                (end, 1), (end + ALIGN, 0), (begin - ALIGN, nbytes),
+                                (begin, end - begin), (begin, end - begin + 1),
+                                (U64 + 1 - ALIGN, 2 * ALIGN), (begin, U64 - begin + 1)):
+                    r = bytearray(req)
+                    R.OFFSET.put(r, base, off & U64)
+                    R.NBYTES.put(r, base, nb & U64)
+                    out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
+    return out
 
 
 # ---------------------------------------------------------------- ring
@@ -354,7 +379,8 @@ def answer_seeds() -> list[bytes]:
 # ---------------------------------------------------------------- command line
 
 REPLAY = {"take": replay_take, "ring": replay_ring, "answer": replay_answer}
-SEEDS = {"take": take_seeds, "ring": ring_seeds, "answer": answer_seeds}
+SEEDS = {"take": lambda: take_seeds() + take_edges(), "ring": ring_seeds,
+         "answer": answer_seeds}
 
 
 def corpus_files(paths: list[str]) -> list[str]:
@@ -389,6 +415,13 @@ def main(argv: list[str]) -> int:
                 outcome = REPLAY[argv[1]](f.read())
             counts[outcome] = counts.get(outcome, 0) + 1
         print(f"replayed {len(files)} {argv[1]} inputs: {dict(sorted(counts.items()))}")
+        return 0
+    if argv == ["replay-edges"]:
+        counts = {}
+        for data in take_edges():
+            outcome = replay_take(data)
+            counts[outcome] = counts.get(outcome, 0) + 1
+        print(f"replayed {sum(counts.values())} take edges: {dict(sorted(counts.items()))}")
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -333,7 +333,12 @@ static int one_input(const uint8_t *data, size_t size) {
 }
 
 int main(int argc, char **argv) {
-  const char *name = argc > 1 ? argv[1] : "";
+  /* The target is argv[1]; libFuzzer's own child processes (-merge=1, -fork) get
+   * only its flags, so they find it in SHMS_FUZZ_TARGET, set here. */
+  const char *env = getenv("SHMS_FUZZ_TARGET");
+  int named = argc > 1 && (!strcmp(argv[1], "take") || !strcmp(argv[1], "ring") ||
+                           !strcmp(argv[1], "answer"));
+  const char *name = named ? argv[1] : env ? env : "";
   if (!strcmp(name, "take")) {
     take_setup();
     target = fuzz_take;
@@ -349,8 +354,9 @@ int main(int argc, char **argv) {
             argv[0]);
     return 2;
   }
-  argv[1] = argv[0]; /* libFuzzer sees the program name, then its own flags */
-  int n = argc - 1;
-  char **args = argv + 1;
+  setenv("SHMS_FUZZ_TARGET", name, 1);
+  int n = argc - named;
+  char **args = argv + named;
+  if (named) argv[1] = argv[0]; /* libFuzzer sees the program name, then its own flags */
   return LLVMFuzzerRunDriver(&n, &args, one_input);
 }
