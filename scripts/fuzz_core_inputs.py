@@ -7,7 +7,8 @@
     python scripts/fuzz_core_inputs.py replay-edges        take_edges() through take
 
 models: the table of scripts/fuzz_requests.py (the atheris campaign's 11 models) as the
-coordinator writes it (fuzz_requests.write_models), raw shms_model_entry bytes; scripts/fuzz_core.sh passes it to the harness as SHMS_FUZZ_MODELS.
+coordinator writes it (fuzz_requests.write_models), raw shms_model_entry bytes;
+scripts/fuzz_core.sh passes it to the harness as SHMS_FUZZ_MODELS.
 
 seeds: take, well-formed requests from fuzz_requests.structured (plus mutated ones),
 so that the fuzzer starts past the header checks, and take_edges (bounds just inside
@@ -22,7 +23,6 @@ tests/fuzz_corpus/<target>/ with it in CI, where there is no clang.
 """
 from __future__ import annotations
 
-import math
 import mmap
 import os
 import random
@@ -32,7 +32,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import fuzz_reference as R  # noqa: E402
-from fuzz_reference import ALIGN, BYTES, ELEM, MAXD, MAXT, REQ_SIZE  # noqa: E402
+from fuzz_reference import ALIGN, MAXD, MAXT, REQ_SIZE  # noqa: E402
 from fuzz_requests import MODELS, N_MODELS, READY, mutate, structured, write_models  # noqa: E402
 
 from shmserve import _core  # noqa: E402
