@@ -132,7 +132,7 @@ def replay_take(data: bytes) -> str:
         check((status, msg) == (want_status, want_msg), "answer differs from protocol.md "
               "section 11", taken, "expected", (int(want_status), want_msg))
         return want_check
-    model_id, rows, key = taken
+    model_id, rows, key, *_ = taken
     check(want_status == Status.OK, "accepted a request protocol.md refuses", want_msg)
     m = MODELS[model_id]
     batched = m.max_batch_size > 0
