@@ -8,8 +8,9 @@ Like the HTTP front (http.py) a front is one process and one client lease of the
 engine, on grpcio's asyncio server; several fronts (--grpc-infer-thread-count) bind
 the port with SO_REUSEPORT (grpcio's default) and the kernel spreads connections over
 them. Tensors are checked by codec.py, as the HTTP front's are; raw input contents go
-from the message into the arena in one copy (the engine's), outputs go back as raw
-output contents. Errors carry Triton's status codes and words; a ModelStreamInfer
+from the message into the arena in one copy (the engine's), outputs go from the arena
+into the serialized answer in one copy (encode_response writes the raw output contents'
+wire format itself, rather than three copies through a protobuf message). Errors carry Triton's status codes and words; a ModelStreamInfer
 request that fails is answered on the stream with its error_message, as Triton does.
 """
 from __future__ import annotations
@@ -63,6 +64,42 @@ LOG_SETTINGS = {"log_file": ("file", "string_param"), "log_info": ("info", "bool
 LOG_FLAGS = {"log_file": "--log-file", "log_info": "--log-info", "log_warning": "--log-warning",
              "log_error": "--log-error", "log_verbose_level": "--log-verbose",
              "log_format": "--log-format"}
+
+
+# Field numbers of what encode_response writes itself (service.proto).
+RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+STREAM_INFER_RESPONSE = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, data) -> list:
+    """A length-delimited protobuf field: key, length, then `data` (not copied here)."""
+    return [_varint(number << 3 | 2) + _varint(len(data)), data]
+
+
+def encode_response(result, datatypes: dict, request_id: str) -> bytes:
+    """A serialized ModelInferResponse: its small fields through protobuf, then each
+    output's raw_output_contents appended as wire-format fields straight from the
+    arena (a parser merges repeated fields wherever they stand): one copy."""
+    head = pb.ModelInferResponse(model_name=result.model_name,
+                                 model_version=str(result.model_version), id=request_id)
+    parts = [None]
+    for name in result:
+        arr = result[name]
+        head.outputs.add(name=name, datatype=datatypes[name], shape=arr.shape)
+        data = P.encode_bytes(arr) if datatypes[name] == "BYTES" else \
+            memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        parts += _field(RAW_OUTPUT_CONTENTS, data)
+    parts[0] = head.SerializeToString()
+    return b"".join(parts)
 
 
 class GrpcError(Exception):
@@ -267,7 +304,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         return await self._answer(context, self.infer(request))
 
-    async def infer(self, request) -> pb.ModelInferResponse:
+    async def infer(self, request) -> bytes:
+        """The serialized ModelInferResponse (the method's serializer passes bytes on)."""
         model = request.model_name
         version = _version(model, request.model_version)
         codec.check_parameters(_parameters(request.parameters), set(), "request", "gRPC")
@@ -285,19 +323,9 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         try:
             datatypes = {t["name"]: t["datatype"] for t in
                          self.client.engine.plan(model, version).meta["outputs"]}
-            response = pb.ModelInferResponse(model_name=result.model_name,
-                                             model_version=str(result.model_version),
-                                             id=request.id)
-            for name in result:
-                arr = result[name]
-                out = response.outputs.add(name=name, datatype=datatypes[name], shape=arr.shape)
-                del out  # the tensor's bytes go in raw_output_contents, in the same order
-                response.raw_output_contents.append(
-                    P.encode_bytes(arr) if datatypes[name] == "BYTES"
-                    else np.ascontiguousarray(arr).tobytes())
+            return encode_response(result, datatypes, request.id)
         finally:
             result.release()  # the arena's block is free as soon as the bytes are copied
-        return response
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream as soon as it is done (requests run
@@ -308,7 +336,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
         async def one(request):
             try:
-                answer = pb.ModelStreamInferResponse(infer_response=await self.infer(request))
+                answer = b"".join(_field(STREAM_INFER_RESPONSE, await self.infer(request)))
             except Exception as e:
                 answer = pb.ModelStreamInferResponse(
                     error_message=_error(e).message,
@@ -404,6 +432,26 @@ for _rpc, _extension in NOT_YET.items():
     setattr(Service, _rpc, _unimplemented(_rpc, _extension))
 
 
+def _serialize(message) -> bytes:
+    """Inference answers come serialized already (encode_response); the rest are messages."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_service(service: Service, server) -> None:
+    """service_pb2_grpc's registration, with _serialize as every method's serializer."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        kind = (grpc.stream_stream_rpc_method_handler if method.client_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[method.name] = kind(
+            getattr(service, method.name),
+            request_deserializer=getattr(pb, method.input_type.name).FromString,
+            response_serializer=_serialize)
+    name = "inference.GRPCInferenceService"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
 def server_options(boot: dict) -> tuple[list, int]:
     """grpcio's channel arguments for the front: a message may be as large as the
     front's arena (no request can need more; larger ones are RESOURCE_EXHAUSTED),
@@ -424,8 +472,8 @@ async def serve(boot: dict, client: Client) -> None:
 
     options, _ = server_options(boot)
     server = grpc.aio.server(options=options)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(
-        Service(client, boot["slots_per_client"], boot["trace_settings"], boot["log"]), server)
+    add_service(Service(client, boot["slots_per_client"], boot["trace_settings"], boot["log"]),
+                server)
     address = boot["address"]
     target = f"[{address}]:{boot['port']}" if ":" in address else f"{address}:{boot['port']}"
     try:
