@@ -82,10 +82,8 @@ GRPC_CHANNEL_FLAGS = {
     "grpc_http2_min_recv_ping_interval_without_data":
         "grpc.http2.min_ping_interval_without_data_ms",
     "grpc_http2_max_ping_strikes": "grpc.http2.max_ping_strikes",
-    "grpc_max_connection_age": "grpc.max_connection_age_ms",
-    "grpc_max_connection_age_grace": "grpc.max_connection_age_grace_ms",
 }
-GRPC_COMPRESSION_LEVELS = ("none", "low", "med", "high")  # Triton's names, grpc's order
+GRPC_COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # Triton's names, grpc's order
 
 
 def grpc_options(args) -> dict:
@@ -553,9 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                        ("http2-max-pings-without-data", "pings sent with no data between"),
                        ("http2-min-recv-ping-interval-without-data",
                         "ms a client must wait between pings with no data"),
-                       ("http2-max-ping-strikes", "bad pings before the connection closes"),
-                       ("max-connection-age", "ms before a connection is asked to close"),
-                       ("max-connection-age-grace", "ms its calls then get to finish")]:
+                       ("http2-max-ping-strikes", "bad pings before the connection closes")]:
         boolean = flag == "keepalive-permit-without-calls"
         s.add_argument(f"--grpc-{flag}", type=_bool if boolean else int, default=None,
                        metavar="BOOL" if boolean else "N", help=f"Triton's gRPC option: {what}")

@@ -207,6 +207,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self.client = client
         # submit() waits (blocking) for a free slot: never ask for more than the lease holds
         self.in_flight = asyncio.Semaphore(max_in_flight)
+        self.max_stream_in_flight = max_in_flight  # requests of one stream read ahead
         self.trace = trace
         self.log_options = log_options
 
@@ -348,6 +349,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         async def read():
             try:
                 async for request in request_iterator:
+                    if len(pending) >= self.max_stream_in_flight:  # the caller waits (flow control)
+                        await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
                     task = asyncio.create_task(one(request))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
