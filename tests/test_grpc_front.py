@@ -537,6 +537,22 @@ def test_killed_front_is_restarted(server_factory):
     assert len(stops) == 3 and all(s.endswith("exit code 0") for s in stops[1:]), stops
 
 
+def test_front_signalled_again_while_stopping_exits_cleanly(server_factory):
+    """The coordinator's shutdown may signal a stopping front again: the front still
+    exits 0 (it is then restarted here, as the coordinator does any exited front)."""
+    import time
+
+    server, client, _ = start_grpc(server_factory)
+    client.close()
+    front = grpc_fronts(server)[0]
+    for pause in (0, 0.001, 0.3, 0.3):
+        os.kill(front, signal.SIGTERM)
+        time.sleep(pause)
+    assert poll_until(lambda: "front exited: gRPC front 0" in server.log(), 30), server.log()
+    line = next(x for x in server.log().splitlines() if "front exited: gRPC front 0" in x)
+    assert "exit code 0" in line, line
+
+
 def test_http_and_grpc_fronts_together(server_factory):
     """Both fronts on one engine, each on its port, answering the same model."""
     import tritonclient.http as th

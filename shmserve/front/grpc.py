@@ -493,8 +493,17 @@ async def serve(boot: dict, client: Client) -> None:
     report_load(boot, {"ready": True})
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_stop():
+        # The coordinator's shutdown may signal again while this front stops; the
+        # loop's close would put the default (deadly) action back: ignored from now on.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_stop)
     await stop.wait()
     await server.stop(2)  # requests in flight get 2 s to finish, as the HTTP front's
 
@@ -514,9 +523,6 @@ def main() -> None:
     try:
         asyncio.run(serve(boot, client))
     finally:
-        # The coordinator's shutdown may send a second SIGTERM while this process
-        # exits, when Python has put the default handlers back: it must not kill it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         client.close()
 
 
