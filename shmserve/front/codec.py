@@ -79,7 +79,8 @@ def request_options(header: dict) -> dict:
     return options
 
 
-def _check_parameters(params, allowed: set, where: str, custom: bool = False) -> dict:
+def check_parameters(params, allowed: set, where: str, front: str = "HTTP",
+                     custom: bool = False) -> dict:
     """custom: keys neither allowed nor reserved are the caller's (request level)."""
     if params is None:
         return {}
@@ -90,8 +91,8 @@ def _check_parameters(params, allowed: set, where: str, custom: bool = False) ->
             continue
         if key in NOT_YET:
             raise Unsupported(f"{where}: parameter '{key}' ({NOT_YET[key]}) is not supported "
-                              "by shmserve's HTTP front yet")
-        raise Unsupported(f"{where}: parameter '{key}' is not supported by shmserve's HTTP front")
+                              f"by shmserve's {front} front yet")
+        raise Unsupported(f"{where}: parameter '{key}' is not supported by shmserve's {front} front")
     return params
 
 
@@ -105,6 +106,23 @@ def numpy_dtype(datatype, where: str) -> np.dtype:
     except (KeyError, TypeError):  # BF16 without ml_dtypes
         raise Unsupported(f"{where}: datatype {datatype} needs the ml_dtypes package "
                           "on the server") from None
+
+
+def tensor_type(shape, datatype, where: str) -> tuple[tuple, np.dtype]:
+    """A request tensor's shape (non-negative integers) and numpy dtype, checked; every
+    front's decoder goes through it."""
+    if (not isinstance(shape, list) or
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers, "
+                         f"got {shape!r}")
+    return tuple(shape), numpy_dtype(datatype, where)
+
+
+def check_size(size: int, shape, datatype: str, dtype: np.dtype, what: str) -> None:
+    """A fixed-size tensor's bytes must be exactly what its shape and type say."""
+    expected = math.prod(shape) * dtype.itemsize
+    if size != expected:
+        raise BadRequest(f"{what}: shape {list(shape)} of {datatype} is {expected} bytes")
 
 
 class InputTensor:
@@ -143,7 +161,7 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
     binary_bytes: the length of the binary section when the body's length is known
     (the binary_data_size of the inputs must add up to it), else at most max_binary:
     nothing is allocated for sizes the body cannot hold."""
-    _check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request", custom=True)
+    check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request", custom=True)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("request has no 'inputs' (a non-empty JSON array)")
@@ -166,14 +184,9 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
         if t.name in seen:
             raise BadRequest(f"{where} is given twice")
         seen.add(t.name)
-        shape = spec.get("shape")
-        if (not isinstance(shape, list) or
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers, "
-                             f"got {shape!r}")
-        t.shape, t.datatype = tuple(shape), spec.get("datatype")
-        t.dtype = numpy_dtype(t.datatype, where)
-        params = _check_parameters(spec.get("parameters"), INPUT_PARAMETERS, where)
+        t.shape, t.dtype = tensor_type(spec.get("shape"), spec.get("datatype"), where)
+        t.datatype = spec.get("datatype")
+        params = check_parameters(spec.get("parameters"), INPUT_PARAMETERS, where)
         count = math.prod(t.shape)
         t.sink = t.value = None
         if "binary_data_size" in params:
@@ -186,10 +199,8 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
             if t.datatype == "BYTES":
                 t.sink = memoryview(bytearray(size))
             else:
-                expected = count * t.dtype.itemsize
-                if size != expected:
-                    raise BadRequest(f"{where}: unexpected binary_data_size {size}: shape "
-                                     f"{list(t.shape)} of {t.datatype} is {expected} bytes")
+                check_size(size, t.shape, t.datatype, t.dtype, f"{where}: unexpected "
+                           f"binary_data_size {size}")
                 arr = empty(t.shape, t.dtype) if size else np.empty(t.shape, t.dtype)
                 t.value_array = arr
                 t.sink = memoryview(arr.reshape(-1).view(np.uint8))
@@ -293,7 +304,7 @@ def wanted_outputs(header: dict) -> tuple[list[str] | None, dict]:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise BadRequest(f"output {i}: an object with a string 'name' is required")
         where = f"output '{spec['name']}'"
-        params = _check_parameters(spec.get("parameters"), OUTPUT_PARAMETERS, where)
+        params = check_parameters(spec.get("parameters"), OUTPUT_PARAMETERS, where)
         names.append(spec["name"])
         binary[spec["name"]] = bool(params.get("binary_data", default))
     return names, binary

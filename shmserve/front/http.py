@@ -25,11 +25,11 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import codec
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
+    parse_version, server_ready
 
 log = logging.getLogger("shmserve.front")
 
-# What GET /v2 lists: the extensions this front serves, by Triton's names.
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
 # Triton's endpoints this front does not serve yet: answered 501, naming the extension.
 NOT_YET = [
     (re.compile(r"^/v2/repository(/|$)"), "model repository extension"),
@@ -41,7 +41,6 @@ NOT_YET = [
 ]
 MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
                    r"(?P<what>/ready|/config|/stats|/infer)?$")
-CONTROL_TIMEOUT_S = 10.0  # a control call not answered by then: 503, never a hang
 MAX_HEADER_BYTES = 64 << 20  # the JSON part of a request (JSON tensors included)
 
 _STATUS = {P.Status.INVALID_ARG: 400, P.Status.NOT_FOUND: 404, P.Status.UNAVAILABLE: 503,
@@ -52,12 +51,6 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
-
-
-def _not_found_message(model: str, version) -> str:
-    """Triton's words for a model (or version) it does not serve."""
-    what = f"'{model}'" if version is None else f"'{model}' version {version}"
-    return f"Request for unknown model: {what} is not found"
 
 
 class Front:
@@ -103,8 +96,7 @@ class Front:
         if path == "/v2/health/ready":
             _method(method, "GET")
             models = await self.control(self.client.models)
-            ready = bool(models) and all(m["state"] == "READY" for m in models)
-            return (200 if ready else 400), b"", {}
+            return (200 if server_ready(models) else 400), b"", {}
         if path == "/v2":
             _method(method, "GET")
             return 200, _json({"name": "shmserve", "version": __version__,
@@ -120,12 +112,10 @@ class Front:
         if m is None:
             raise HttpError(404, f"no such endpoint: {method} {path}")
         model, what = m["model"], m["what"]
-        version = None
-        if m["version"] is not None:
-            if not m["version"].isdigit():
-                raise HttpError(400, f"model '{model}': version '{m['version']}' is not a "
-                                     "non-negative integer")
-            version = int(m["version"]) or None  # 0 or none: the highest, as Triton
+        try:
+            version = parse_version(model, m["version"])
+        except ValueError as e:
+            raise HttpError(400, str(e)) from None
         if what == "/infer":
             _method(method, "POST")
             return await self.infer(scope, receive, model, version)
@@ -144,25 +134,18 @@ class Front:
                 return 200, _json(config_dict(parse_config(text, f"model '{model}'"))), {}
             return 200, _json(await self.metadata(model, version)), {}
         except errors.ModelNotFoundError:
-            raise HttpError(404, _not_found_message(model, version)) from None
+            raise HttpError(404, not_found_message(model, version)) from None
 
     async def metadata(self, model: str, version) -> dict:
         meta = await self.control(self.client.model_metadata, model, version)
-        if version is None:
-            versions = sorted(m["version"] for m in await self.control(self.client.models)
-                              if m["name"] == model)
-        else:
-            versions = [meta["version"]]
-        return {"name": meta["name"], "versions": [str(v) for v in versions],
-                "platform": meta["platform"],
-                "inputs": [{k: t[k] for k in ("name", "datatype", "shape")} for t in meta["inputs"]],
-                "outputs": [{k: t[k] for k in ("name", "datatype", "shape")} for t in meta["outputs"]]}
+        models = None if version is not None else await self.control(self.client.models)
+        return model_metadata(meta, models)
 
     async def stats(self, model, version) -> bytes:
         try:
             stats = await self.control(self.client.statistics, model, version)
         except errors.ModelNotFoundError:
-            raise HttpError(404, _not_found_message(model, version)) from None
+            raise HttpError(404, not_found_message(model, version)) from None
         return _json({"model_stats": [triton_only(s) for s in stats]})
 
     async def infer(self, scope, receive, model: str, version):
@@ -222,7 +205,7 @@ class Front:
             try:
                 result = await self.client.infer_async(model, arrays, names, version, **options)
             except errors.ModelNotFoundError:
-                raise HttpError(404, _not_found_message(model, version)) from None
+                raise HttpError(404, not_found_message(model, version)) from None
         datatypes = {t["name"]: t["datatype"] for t in
                      self.client.engine.plan(model, version).meta["outputs"]}
         parts, json_len = codec.encode_response(result, datatypes, binary, header.get("id"))

@@ -69,6 +69,17 @@ class ServeOptions:
     http_port: int | None = None  # KServe v2 HTTP front (shmserve/front/); off unless given
     http_address: str = "127.0.0.1"
     http_thread_count: int = 1  # front processes sharing the port (SO_REUSEPORT)
+    grpc_port: int | None = None  # KServe v2 gRPC front (shmserve/front/grpc.py); off unless given
+    grpc_address: str = "127.0.0.1"
+    grpc_infer_thread_count: int = 1  # gRPC front processes sharing the port
+    grpc_options: dict = dataclasses.field(default_factory=dict)  # keep-alive, compression
+
+    def fronts(self) -> list[tuple[str, str, int, int]]:
+        """(protocol, address, port, process count) of each network front served."""
+        return [(protocol, address, port, count) for protocol, address, port, count in
+                (("http", self.http_address, self.http_port, self.http_thread_count),
+                 ("grpc", self.grpc_address, self.grpc_port, self.grpc_infer_thread_count))
+                if port is not None]
 
     def log_options(self) -> LogOptions:
         return LogOptions.with_level(
@@ -109,7 +120,7 @@ class Coordinator(ControlPlane, Supervisor):
         self.ring_capacity = 0
         self.stopping = False
         self.traces = None  # tracing.TraceSink while --trace-config traces
-        self.http_claim: socket.socket | None = None  # --http-port, bound before the start
+        self.port_claims: list[socket.socket] = []  # --http-port/--grpc-port, bound before the start
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -134,19 +145,21 @@ class Coordinator(ControlPlane, Supervisor):
         self.sock_path.unlink(missing_ok=True)
         self.owns_name = True
 
-    def claim_http_port(self) -> None:
-        """Binds --http-port (SO_REUSEPORT, never listening: it gets no connection) so
-        that a port taken by another program stops the start at once, naming it."""
-        o = self.opts
-        family = socket.AF_INET6 if ":" in o.http_address else socket.AF_INET
-        self.http_claim = socket.socket(family, socket.SOCK_STREAM)
-        self.http_claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.http_claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            self.http_claim.bind((o.http_address, o.http_port))
-        except OSError as e:
-            raise ConfigError(f"--http-port {o.http_port} (--http-address {o.http_address}): "
-                              f"{e.strerror or e}") from None
+    def claim_ports(self) -> None:
+        """Binds each front's port (SO_REUSEPORT, never listening: it gets no
+        connection) so that a port taken by another program stops the start at once,
+        naming it."""
+        for protocol, address, port, _ in self.opts.fronts():
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            claim = socket.socket(family, socket.SOCK_STREAM)
+            self.port_claims.append(claim)
+            claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                claim.bind((address, port))
+            except OSError as e:
+                raise ConfigError(f"--{protocol}-port {port} (--{protocol}-address {address}): "
+                                  f"{e.strerror or e}") from None
 
     def create_segments(self) -> None:
         o = self.opts
@@ -247,8 +260,8 @@ class Coordinator(ControlPlane, Supervisor):
             rec = read_record(self.opts.name)
             if rec and rec.get("pid") == os.getpid():
                 record_path(self.opts.name).unlink(missing_ok=True)
-        if self.http_claim is not None:
-            self.http_claim.close()
+        for claim in self.port_claims:
+            claim.close()
         if self.owns_name:
             log.info("server stopped: '%s', segments removed", self.opts.name)
 
@@ -301,8 +314,8 @@ class Coordinator(ControlPlane, Supervisor):
         if self.gid is not None:
             share_with_group(self.sock_path, self.gid, 0o660)
             log.info("clients of group %s (gid %d) are allowed", self.opts.group, self.gid)
-        if self.opts.http_port is not None:
-            await self.start_fronts()
+        for protocol, address, port, count in self.opts.fronts():
+            await self.start_fronts(protocol, address, port, count)
         self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
         ready = sum(state == "READY" for state in self.model_state.values())
         log.info("server ready: '%s', control socket %s, %d of %d model%s READY", self.opts.name,
@@ -388,8 +401,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
-        if opts.http_port is not None:
-            coord.claim_http_port()
+        coord.claim_ports()
         coord.specs, coord.broken = load_models(opts)
         devices.check_pools(opts.cuda_pools, opts.pinned_pool_bytes)
         coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
