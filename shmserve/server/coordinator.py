@@ -22,6 +22,7 @@ from ..segments import Segment, pid_alive, socket_path
 from .control import ControlPlane
 from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
 from .supervisor import Child, Supervisor, describe_exit
+from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
@@ -107,6 +108,7 @@ class Coordinator(ControlPlane, Supervisor):
         self.stopping = False
         self.traces = None  # tracing.TraceSink while --trace-config traces
         self.http_claim: socket.socket | None = None  # --http-port, bound before the start
+        self.system_shm = SystemShmRegistry()  # regions registered through the fronts
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -229,6 +231,7 @@ class Coordinator(ControlPlane, Supervisor):
                 self.traces.close()
             except Exception as e:  # the segments below must go whatever happened here
                 log.error("traces: could not finish: %s", e)
+        self.system_shm.close()
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
