@@ -19,6 +19,7 @@ from ..errors import ConfigError, ShmServeError, ShmSpaceError
 from ..logs import LogOptions, setup as setup_logging
 from ..protocol import LAYOUT as L
 from ..segments import Segment, pid_alive, socket_path
+from . import devices
 from .control import ControlPlane
 from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
 from .supervisor import Child, Supervisor, describe_exit
@@ -45,6 +46,8 @@ class ServeOptions:
     max_spin_us: int = 200  # ... and up to this long when requests come that often
     load_timeout_s: float = 120.0
     exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
+    cuda_pools: dict = dataclasses.field(default_factory=dict)  # GPU -> bytes (devices.py)
+    pinned_pool_bytes: int | None = None  # --pinned-memory-pool-byte-size: not used yet
     idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
@@ -201,9 +204,12 @@ class Coordinator(ControlPlane, Supervisor):
             models=[s.to_dict() for s in self.specs], worker_models=worker_models)))
         trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
         for index, (model_id, instance) in enumerate(instances):
+            spec = self.specs[model_id]
+            device = spec.device(instance)
             self.children.append(Child("worker", self.boot_message(
-                worker_index=index, model_id=model_id, instance=instance,
-                model=self.specs[model_id].to_dict(), **trace)))
+                worker_index=index, model_id=model_id, instance=instance, device=device,
+                cuda_pool_bytes=self.opts.cuda_pools.get(device, 0), model=spec.to_dict(),
+                **trace), env=devices.worker_environment(spec.backend, device)))
 
     # -- 3. shutdown ------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -388,6 +394,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
         if opts.http_port is not None:
             coord.claim_http_port()
         coord.specs, coord.broken = load_models(opts)
+        devices.check_pools(opts.cuda_pools, opts.pinned_pool_bytes)
         coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
         coord.create_segments()
         coord.plan_children()
