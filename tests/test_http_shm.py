@@ -392,6 +392,8 @@ def test_cuda_shared_memory_needs_a_gpu_build(front):
                         json_bytes({"raw_handle": {"b64": "AAAA"}, "device_id": 0,
                                     "byte_size": 8}))
     assert status == 400 and "CUDA shared memory needs a GPU build" in reply["error"]
+    status, reply = raw(port, "POST", "/v2/cudasharedmemory/register", b"{}")
+    assert status == 400 and "'region name' is necessary" in reply["error"]
     assert client.get_cuda_shared_memory_status() == []
     client.unregister_cuda_shared_memory()  # succeeds: perf_analyzer does it at start
     e = error_of(client.get_cuda_shared_memory_status, "c")

@@ -315,6 +315,8 @@ def _cuda_shared_memory(region, action: str):
     """CUDA shared memory needs a GPU build: a registration is refused by name; status
     lists nothing and unregistering succeeds, as Triton without GPUs answers (tools such
     as perf_analyzer unregister both kinds of region before they start)."""
+    if action == "register" and region is None:
+        raise HttpError(400, "'region name' is necessary to register cuda shared memory region")
     if action == "register":
         raise HttpError(400, f"failed to register CUDA shared memory region: '{region}', GPUs "
                              "not supported: CUDA shared memory needs a GPU build of shmserve "
