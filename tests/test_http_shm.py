@@ -300,7 +300,9 @@ def test_register_errors(front, regions):
                         (b'{"byte_size": 8}', "no 'key' field"),
                         (b'{"key": "/k"}', "no 'byte_size' field"),
                         (b'{"key": "/k", "byte_size": -1}', "Unable to parse 'byte_size'"),
-                        (b'{"key": 5, "byte_size": 1}', "Unable to parse 'key'")]:
+                        (b'{"key": 5, "byte_size": 1}', "Unable to parse 'key'"),
+                        (b'{"key": "/k", "byte_size": 18446744073709551616}',
+                         "failed to register shared memory region 'x': invalid args")]:
         status, reply = raw(port, "POST", region, body)
         assert status == 400 and words in reply["error"], (body, reply)
     status, reply = raw(port, "POST", "/v2/systemsharedmemory/register", b'{"key": "/k"}')

@@ -112,6 +112,9 @@ class SystemSharedMemory:
 
     # -- the control requests (blocking) --------------------------------------------
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        if not (0 <= offset < 1 << 63 and 0 <= byte_size < 1 << 63):  # the control frame's ints
+            raise _invalid(f"failed to register shared memory region '{name}': invalid args "
+                           f"(offset {offset} and byte_size {byte_size} must be in [0, 2^63))")
         self._adopt(self.client.engine.call(P.ShmRegister(name, key, offset, byte_size)))
 
     def status(self, name: str | None = None) -> list[dict]:
