@@ -312,7 +312,8 @@ def test_errors_have_triton_codes(front):
          "has no input 'NOPE'"),
         (("simple", inputs), {"outputs": [tg.InferRequestedOutput("NOPE")]}, "INVALID_ARGUMENT",
          "has no output 'NOPE'"),
-        (("simple", inputs), {"sequence_id": 5}, "UNIMPLEMENTED", "sequence extension"),
+        (("simple", inputs), {"sequence_id": 5}, "INVALID_ARGUMENT",
+         "model 'simple' has no sequence_batching"),
         (("simple", inputs), {"outputs": [tg.InferRequestedOutput("OUTPUT0", class_count=2)]},
          "UNIMPLEMENTED", "classification extension"),
     ]

@@ -640,3 +640,31 @@ def test_scheduler_request_queued_after_an_end_without_start_is_refused():
     assert [(r.pending.shadow, "must specify the START flag" in r.message) for r in rejected] == \
         [(1, True)]
     assert len(q) == 1 and [p.shadow for _, b in q.assign(6, [0])[0] for p in b] == [2]
+
+
+def test_grpc_front_sequence_parameters(server_factory):
+    """tritonclient.grpc's sequence_id / sequence_start / sequence_end, numeric and string
+    ids, through the gRPC front (request parameters mapped as the HTTP front maps them)."""
+    tg = pytest.importorskip("tritonclient.grpc")
+    from test_grpc_front import start_grpc
+
+    def setup(repo):
+        write_model(repo, "seq", seq_config("seq", "direct { }"), STATE_ACC_CODE)
+        write_model(repo, "strseq", seq_config("strseq", "direct { }", corrid="TYPE_STRING"),
+                    STATE_ACC_CODE)
+
+    _, client, _ = start_grpc(server_factory, models=(), setup=setup)
+    try:
+        def call(model, v, **kw):
+            inp = tg.InferInput("INPUT0", [1, 1], "INT64")
+            inp.set_data_from_numpy(np.array([[v]], np.int64))
+            return int(client.infer(model, [inp], **kw).as_numpy("OUTPUT0")[0, 0])
+
+        assert call("seq", 4, sequence_id=77, sequence_start=True) == 4
+        assert call("strseq", 1, sequence_id="g-1", sequence_start=True) == 1
+        assert call("seq", 5, sequence_id=77, sequence_end=True) == 9
+        assert call("strseq", 2, sequence_id="g-1", sequence_end=True) == 3
+        with pytest.raises(tg.InferenceServerException, match="must specify the START flag"):
+            call("seq", 1, sequence_id=77)
+    finally:
+        client.close()

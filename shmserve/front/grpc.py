@@ -348,7 +348,11 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         """The serialized ModelInferResponse (the method's serializer passes bytes on)."""
         model = request.model_name
         version = _version(model, request.model_version)
-        codec.check_parameters(_parameters(request.parameters), set(), "request", "gRPC")
+        # Request parameters as the HTTP front maps them (Triton's): priority, timeout,
+        # the sequence extension's, any other key the model's.
+        params = _parameters(request.parameters)
+        codec.check_parameters(params, codec.REQUEST_PARAMETERS, "request", "gRPC", custom=True)
+        options = codec.request_options({"parameters": params})
         in_shm, out_shm = shm_inputs(request), shm_outputs(request)
         targets = {}
         if in_shm or out_shm:
@@ -364,7 +368,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         names = [o.name for o in request.outputs]
         async with self.in_flight:
             try:
-                result = await self.client.infer_async(model, arrays, names or None, version)
+                result = await self.client.infer_async(model, arrays, names or None, version,
+                                                       **options)
             except errors.ModelNotFoundError:
                 raise GrpcError(grpc.StatusCode.NOT_FOUND,
                                 not_found_message(model, version)) from None
