@@ -30,6 +30,8 @@ from test_metrics import free_port
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed")
 tg = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
 import tritonclient.grpc.aio as tga  # noqa: E402
+import tritonclient.utils.shared_memory as shm  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb, service_pb2_grpc as pb_grpc  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -353,7 +355,7 @@ def test_hostile_requests(front, stub):
         (request(shape=(1, -4)), Code.INVALID_ARGUMENT, "non-negative integers"),
         (request(datatype="FP99"), Code.INVALID_ARGUMENT, "unknown datatype 'FP99'"),
         (request(raw=()), Code.INVALID_ARGUMENT, "has no data"),
-        (two, Code.INVALID_ARGUMENT, "1 inputs and 2 raw_input_contents"),
+        (two, Code.INVALID_ARGUMENT, "1 inputs outside shared memory and 2 raw_input_contents"),
         (typed, Code.INVALID_ARGUMENT, "contents.int_contents given for a FP32 tensor"),
         (short, Code.INVALID_ARGUMENT, "needs 4 elements, contents.fp32_contents has 1"),
         (both, Code.INVALID_ARGUMENT, "both contents and raw_input_contents"),
@@ -361,7 +363,8 @@ def test_hostile_requests(front, stub):
         (half, Code.INVALID_ARGUMENT, "FP16 has no typed contents field"),
         (request(datatype="BYTES", raw=(b"\x09\0\0\0abc",), shape=(1, 1), model="id_BYTES"),
          Code.INVALID_ARGUMENT, "input 'INPUT0'"),  # a BYTES length past the end
-        (bad_param, Code.UNIMPLEMENTED, "system/CUDA shared memory extension"),
+        (bad_param, Code.INVALID_ARGUMENT, "'shared_memory_byte_size' must be specified along "
+         "with 'shared_memory_region'"),
         (pb.ModelInferRequest(model_name="identity"), Code.INVALID_ARGUMENT, "no inputs"),
         (request(raw=(b"\0" * (ARENA + 64),), shape=(1, (ARENA + 64) // 4)),
          Code.RESOURCE_EXHAUSTED, "larger than max"),  # more than the front's arena
@@ -422,19 +425,59 @@ def test_extensions_not_built_are_unimplemented_by_name(front):
     _, client, _ = front
     calls = [("RepositoryIndex", client.get_model_repository_index, ()),
              ("RepositoryModelLoad", client.load_model, ("simple",)),
-             ("RepositoryModelUnload", client.unload_model, ("simple",)),
-             ("SystemSharedMemoryStatus", client.get_system_shared_memory_status, ()),
-             ("SystemSharedMemoryRegister", client.register_system_shared_memory,
-              ("r", "/k", 64)),
-             ("SystemSharedMemoryUnregister", client.unregister_system_shared_memory, ()),
-             ("CudaSharedMemoryStatus", client.get_cuda_shared_memory_status, ()),
-             ("CudaSharedMemoryRegister", client.register_cuda_shared_memory,
-              ("r", "aGFuZGxl", 0, 64)),  # base64 of a handle
-             ("CudaSharedMemoryUnregister", client.unregister_cuda_shared_memory, ())]
+             ("RepositoryModelUnload", client.unload_model, ("simple",))]
     for rpc, call, args in calls:
         e = rpc_error(call, *args)
         assert e.status() == "StatusCode.UNIMPLEMENTED", (rpc, e)
         assert e.message().startswith(f"{rpc}: shmserve does not implement the "), e.message()
+
+
+def test_system_shared_memory(front):
+    """Triton's system shared memory RPCs with tritonclient.utils.shared_memory: one
+    registry with the HTTP front's (front/shm.py); inputs read from a region, an output
+    written into one and listed without data, a request mixing a region and raw
+    contents; errors by name; CUDA regions refused (no GPU build)."""
+    from test_http_shm import Regions, contents
+
+    _, client, _ = front
+    regions = Regions(client)
+    try:
+        a, b, raw_inputs = simple_inputs()
+        h_in = regions.create("in", 128)
+        h_out = regions.create("out", 64)
+        shm.set_shared_memory_region(h_in, [a, b])
+        status = json_format.MessageToDict(client.get_system_shared_memory_status())
+        assert {r["name"]: r.get("byteSize") for r in status["regions"].values()} == {
+            "in": "128", "out": "64"}
+        inputs = [tg.InferInput("INPUT0", [1, 16], "INT32"), tg.InferInput("INPUT1", [1, 16], "INT32")]
+        inputs[0].set_shared_memory("in", 64)
+        inputs[1].set_shared_memory("in", 64, offset=64)
+        outputs = [tg.InferRequestedOutput("OUTPUT0"), tg.InferRequestedOutput("OUTPUT1")]
+        outputs[0].set_shared_memory("out", 64)
+        result = client.infer("simple", inputs, outputs=outputs)
+        np.testing.assert_array_equal(contents(h_out, np.int32, [1, 16]), a + b)
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)  # in the message
+        out0 = result.get_output("OUTPUT0")
+        assert out0.parameters["shared_memory_region"].string_param == "out"
+        assert out0.parameters["shared_memory_byte_size"].int64_param == 64
+        mixed = client.infer("simple", [inputs[0], raw_inputs[1]])  # region + raw contents
+        np.testing.assert_array_equal(mixed.as_numpy("OUTPUT0"), a + b)
+        inputs[1].set_shared_memory("in", 32, offset=64)  # half the tensor
+        e = rpc_error(client.infer, "simple", inputs)
+        assert e.status() == "StatusCode.INVALID_ARGUMENT"
+        assert "input byte size mismatch for input 'INPUT1'" in e.message(), e.message()
+        inputs[1].set_shared_memory("nowhere", 64)
+        e = rpc_error(client.infer, "simple", inputs)
+        assert "nowhere" in e.message(), e.message()
+    finally:
+        regions.close()
+    assert not json_format.MessageToDict(client.get_system_shared_memory_status())
+    e = rpc_error(client.register_system_shared_memory, "x", "/no_such_object_here", 64)
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "/no_such_object_here" in e.message()
+    e = rpc_error(client.register_cuda_shared_memory, "r", "aGFuZGxl", 0, 64)
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "needs a GPU build" in e.message()
+    assert not json_format.MessageToDict(client.get_cuda_shared_memory_status())
+    client.unregister_cuda_shared_memory()
 
 
 class CountingProxy:

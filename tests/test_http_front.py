@@ -265,8 +265,6 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
     assert status == 400 and "not valid gzip" in reply["error"]
     # Endpoints of extensions not served yet say so, by name.
     for method, path, words in [("POST", "/v2/repository/index", "model repository"),
-                                ("GET", "/v2/systemsharedmemory/status", "system shared memory"),
-                                ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory"),
                                 ("GET", "/v2/trace/setting", "trace"),
                                 ("GET", "/v2/logging", "logging")]:
         status, reply = raw(port, method, path)

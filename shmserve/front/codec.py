@@ -30,12 +30,10 @@ class Unsupported(BadRequest):
 # below are the front's or options of the request (priority, timeout), any other goes to
 # the model as a request parameter.
 REQUEST_PARAMETERS = {"binary_data_output", "priority", "timeout"}
-INPUT_PARAMETERS = {"binary_data_size"}
-OUTPUT_PARAMETERS = {"binary_data"}
+SHM_PARAMETERS = {"shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"}
+INPUT_PARAMETERS = {"binary_data_size"} | SHM_PARAMETERS
+OUTPUT_PARAMETERS = {"binary_data"} | SHM_PARAMETERS
 NOT_YET = {  # parameter -> the extension it belongs to
-    "shared_memory_region": "system/CUDA shared memory extension",
-    "shared_memory_byte_size": "system/CUDA shared memory extension",
-    "shared_memory_offset": "system/CUDA shared memory extension",
     "classification": "classification extension",
     "sequence_id": "sequence extension", "sequence_start": "sequence extension",
     "sequence_end": "sequence extension",
@@ -113,10 +111,11 @@ def check_size(size: int, shape, datatype: str, dtype: np.dtype, what: str) -> N
 
 class InputTensor:
     """One input of a request: where its binary bytes go (`sink`, a writable uint8
-    view), or its decoded JSON data."""
+    view), or its decoded JSON data, or the shared memory it is read from (`shm`:
+    region, offset, byte_size; the front sets `value` from it, front/shm.py)."""
 
     __slots__ = ("name", "shape", "datatype", "dtype", "binary_size", "sink", "value",
-                 "value_array")
+                 "value_array", "shm")
 
     def finish(self):
         """The array the engine is given."""
@@ -128,6 +127,30 @@ class InputTensor:
             except ValueError as e:
                 raise BadRequest(f"input '{self.name}': {e}") from None
         return self.value_array
+
+
+def shm_parameters(params: dict, where: str, name: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of a tensor's shared_memory_* parameters, or None."""
+    if "shared_memory_region" not in params:
+        for key in ("shared_memory_offset", "shared_memory_byte_size"):
+            if key in params:
+                raise BadRequest(f"'{key}' can not be specified without "
+                                 f"'shared_memory_region' parameter for tensor '{name}'")
+        return None
+    region = params["shared_memory_region"]
+    if not isinstance(region, str):
+        raise BadRequest(f"{where}: Unable to parse 'shared_memory_region': expected a string")
+    if "shared_memory_byte_size" not in params:
+        raise BadRequest("'shared_memory_byte_size' must be specified along with "
+                         f"'shared_memory_region' parameter for tensor '{name}'")
+    values = []
+    for key, default in (("shared_memory_offset", 0), ("shared_memory_byte_size", None)):
+        v = params.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise BadRequest(f"{where}: Unable to parse '{key}': expected a non-negative "
+                             f"integer, got {v!r}")
+        values.append(v)
+    return region, values[0], values[1]
 
 
 def parse_header(raw: bytes) -> dict:
@@ -175,12 +198,20 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
         params = check_parameters(spec.get("parameters"), INPUT_PARAMETERS, where)
         count = math.prod(t.shape)
         t.sink = t.value = None
-        if "binary_data_size" in params:
+        t.shm = shm_parameters(params, where, t.name)
+        given = [k for k, on in (("'data'", "data" in spec),
+                                 ("'binary_data_size'", "binary_data_size" in params),
+                                 ("'shared_memory_region'", t.shm is not None)) if on]
+        if len(given) > 1:  # Triton's words
+            raise BadRequest("Input must set only one of the following fields: 'data', "
+                             "'binary_data_size' in 'parameters', 'shared_memory_region' in "
+                             f"'parameters'. But set {' '.join(given)}")
+        if t.shm is not None:
+            t.binary_size = 0
+        elif "binary_data_size" in params:
             size = params["binary_data_size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise BadRequest(f"{where}: 'binary_data_size' must be a non-negative integer")
-            if "data" in spec:
-                raise BadRequest(f"{where}: has both 'data' and 'binary_data_size'")
             t.binary_size = size
             if t.datatype == "BYTES":
                 t.sink = memoryview(bytearray(size))
@@ -192,7 +223,8 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
                 t.sink = memoryview(arr.reshape(-1).view(np.uint8))
         else:
             if "data" not in spec:
-                raise BadRequest(f"{where}: has neither 'data' nor a 'binary_data_size' parameter")
+                raise BadRequest(f"{where}: has neither 'data' nor a 'binary_data_size' or "
+                                 "'shared_memory_region' parameter")
             t.binary_size = 0
             t.value = json_array(spec["data"], t, count)
         planned.append(t)
@@ -276,6 +308,22 @@ class BinaryFiller:
                              f"binary_data_size {t.binary_size}, the body holds {self.pos} of them")
 
 
+def shm_outputs(header: dict) -> dict[str, tuple[str, int, int]]:
+    """The outputs asked for in shared memory: {name: (region, offset, byte_size)}
+    (called after wanted_outputs, which checked the list's shape)."""
+    targets = {}
+    for spec in header.get("outputs") or []:
+        params = spec.get("parameters") or {}
+        where = f"output '{spec['name']}'"
+        target = shm_parameters(params, where, spec["name"])
+        if target is None:
+            continue
+        if params.get("binary_data") is True:
+            raise BadRequest("Output can't set both 'shared_memory_region' and 'binary_data'")
+        targets[spec["name"]] = target
+    return targets
+
+
 def wanted_outputs(header: dict) -> tuple[list[str] | None, dict]:
     """Names of the outputs asked for (None: all) and, per name, whether it goes back
     as binary data (else the request's binary_data_output, default JSON)."""
@@ -313,15 +361,22 @@ def _json_values(arr: np.ndarray, datatype: str) -> list:
     return flat.tolist()
 
 
-def encode_response(result, datatypes: dict, binary: dict, request_id) -> tuple[list, int | None]:
+def encode_response(result, datatypes: dict, binary: dict, request_id,
+                    in_shm: dict | None = None) -> tuple[list, int | None]:
     """(body parts, JSON header length or None when no output is binary). Parts after
-    the JSON header are views of the arena (they keep the result's memory alive)."""
+    the JSON header are views of the arena (they keep the result's memory alive).
+    Outputs written to shared memory (in_shm: {name: (region, bytes written)}) are
+    listed without data, their parameters naming the region and the bytes written."""
     outputs, tails = [], []
     for name in result:
         arr = result[name]
         datatype = datatypes[name]
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if binary.get(name, binary["*"]):
+        if in_shm and name in in_shm:
+            region, nbytes = in_shm[name]
+            entry["parameters"] = {"shared_memory_region": region,
+                                   "shared_memory_byte_size": nbytes}
+        elif binary.get(name, binary["*"]):
             if datatype == "BYTES":
                 data = P.encode_bytes(arr)
             else:

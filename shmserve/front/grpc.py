@@ -31,6 +31,7 @@ from ..server.statistics import triton_only
 from . import codec
 from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
     parse_version, server_ready
+from .shm import SystemSharedMemory
 
 log = logging.getLogger("shmserve.front")
 
@@ -48,13 +49,8 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 # RPCs of extensions shmserve does not serve yet: UNIMPLEMENTED, naming them.
 NOT_YET = {"RepositoryIndex": "model repository extension",
            "RepositoryModelLoad": "model repository extension",
-           "RepositoryModelUnload": "model repository extension",
-           "SystemSharedMemoryStatus": "system shared memory extension",
-           "SystemSharedMemoryRegister": "system shared memory extension",
-           "SystemSharedMemoryUnregister": "system shared memory extension",
-           "CudaSharedMemoryStatus": "CUDA shared memory extension",
-           "CudaSharedMemoryRegister": "CUDA shared memory extension",
-           "CudaSharedMemoryUnregister": "CUDA shared memory extension"}
+           "RepositoryModelUnload": "model repository extension"}
+
 # LogSettings: Triton's setting -> (the LogOptions field in the boot message, the
 # SettingValue field it travels in).
 LOG_SETTINGS = {"log_file": ("file", "string_param"), "log_info": ("info", "bool_param"),
@@ -85,16 +81,25 @@ def _field(number: int, data) -> list:
     return [_varint(number << 3 | 2) + _varint(len(data)), data]
 
 
-def encode_response(result, datatypes: dict, request_id: str) -> bytes:
+def encode_response(result, datatypes: dict, request_id: str, in_shm: dict | None = None) -> bytes:
     """A serialized ModelInferResponse: its small fields through protobuf, then each
     output's raw_output_contents appended as wire-format fields straight from the
-    arena (a parser merges repeated fields wherever they stand): one copy."""
+    arena (a parser merges repeated fields wherever they stand): one copy. An output
+    written to shared memory (in_shm: {name: (region, bytes written)}) names its
+    region and size in its parameters and has empty raw contents (tritonclient finds
+    each output's raw contents by position)."""
     head = pb.ModelInferResponse(model_name=result.model_name,
                                  model_version=str(result.model_version), id=request_id)
     parts = [None]
     for name in result:
         arr = result[name]
-        head.outputs.add(name=name, datatype=datatypes[name], shape=arr.shape)
+        out = head.outputs.add(name=name, datatype=datatypes[name], shape=arr.shape)
+        if in_shm and name in in_shm:
+            region, nbytes = in_shm[name]
+            out.parameters["shared_memory_region"].string_param = region
+            out.parameters["shared_memory_byte_size"].int64_param = nbytes
+            parts += _field(RAW_OUTPUT_CONTENTS, b"")
+            continue
         data = P.encode_bytes(arr) if datatypes[name] == "BYTES" else \
             memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
         parts += _field(RAW_OUTPUT_CONTENTS, data)
@@ -163,26 +168,59 @@ def _typed_input(t, shape: tuple, dtype: np.dtype, where: str) -> np.ndarray:
     return arr.reshape(shape)
 
 
-def decode_inputs(request) -> dict:
+def shm_inputs(request) -> dict:
+    """{input name: (region, offset, byte_size)} of the inputs read from shared memory."""
+    out = {}
+    for t in request.inputs:
+        params = _parameters(t.parameters)
+        codec.check_parameters(params, codec.SHM_PARAMETERS, f"input '{t.name}'", "gRPC")
+        spec = codec.shm_parameters(params, f"input '{t.name}'", t.name)
+        if spec is not None:
+            out[t.name] = spec
+    return out
+
+
+def shm_outputs(request) -> dict:
+    """{output name: (region, offset, byte_size)} of the outputs asked for in shared memory."""
+    out = {}
+    for o in request.outputs:
+        params = _parameters(o.parameters)
+        codec.check_parameters(params, codec.SHM_PARAMETERS, f"output '{o.name}'", "gRPC")
+        spec = codec.shm_parameters(params, f"output '{o.name}'", o.name)
+        if spec is not None:
+            out[o.name] = spec
+    return out
+
+
+def decode_inputs(request, in_shm: dict, read_shm=None) -> dict:
     """The request's inputs as {name: array}, checked by codec like the HTTP front's;
-    raw contents are views of the message (the engine copies them into the arena)."""
+    raw contents are views of the message (the engine copies them into the arena). An
+    input in shared memory (in_shm, from shm_inputs) is read by read_shm(name, spec,
+    datatype, dtype, shape); raw contents then belong, in order, to the other inputs."""
     raw = request.raw_input_contents
     if not request.inputs:
         raise codec.BadRequest("request has no inputs")
-    if raw and len(raw) != len(request.inputs):
-        raise codec.BadRequest(f"the request has {len(request.inputs)} inputs and "
-                               f"{len(raw)} raw_input_contents: give one per input, or none")
+    in_message = len(request.inputs) - len(in_shm)
+    if raw and len(raw) != in_message:
+        raise codec.BadRequest(f"the request has {in_message} inputs outside shared memory and "
+                               f"{len(raw)} raw_input_contents: give one per such input, or none")
     arrays = {}
-    for i, t in enumerate(request.inputs):
+    k = 0  # the next raw_input_contents
+    for t in request.inputs:
         where = f"input '{t.name}'"
         if t.name in arrays:
             raise codec.BadRequest(f"{where} is given twice")
         shape, dtype = codec.tensor_type(list(t.shape), t.datatype, where)
-        codec.check_parameters(_parameters(t.parameters), set(), where, "gRPC")
+        if t.name in in_shm:
+            if t.HasField("contents"):
+                raise codec.BadRequest(f"{where}: has both contents and a shared memory region")
+            arrays[t.name] = read_shm(t.name, in_shm[t.name], t.datatype, dtype, shape)
+            continue
         if raw:
             if t.HasField("contents"):
                 raise codec.BadRequest(f"{where}: has both contents and raw_input_contents")
-            data = raw[i]
+            data = raw[k]
+            k += 1
             if t.datatype == "BYTES":
                 try:
                     arrays[t.name] = P.decode_bytes(data, shape)
@@ -210,6 +248,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self.max_stream_in_flight = max_in_flight  # requests of one stream read ahead
         self.trace = trace
         self.log_options = log_options
+        self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
 
     async def control(self, fn, *args):
         """A control-plane call of the engine, in a thread, bounded in time."""
@@ -310,11 +349,19 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         model = request.model_name
         version = _version(model, request.model_version)
         codec.check_parameters(_parameters(request.parameters), set(), "request", "gRPC")
-        arrays = decode_inputs(request)
-        names = []
-        for o in request.outputs:
-            codec.check_parameters(_parameters(o.parameters), set(), f"output '{o.name}'", "gRPC")
-            names.append(o.name)
+        in_shm, out_shm = shm_inputs(request), shm_outputs(request)
+        targets = {}
+        if in_shm or out_shm:
+            if self.shm.needs_refresh():
+                await self.control(self.shm.refresh)
+            targets = {name: self.shm.output_target(*spec) for name, spec in out_shm.items()}
+
+        def read_shm(name, spec, datatype, dtype, shape):
+            return self.shm.read_input(*spec, name=name, datatype=datatype, dtype=dtype,
+                                       shape=shape, model=model, empty=self.client.empty)
+
+        arrays = decode_inputs(request, in_shm, read_shm)
+        names = [o.name for o in request.outputs]
         async with self.in_flight:
             try:
                 result = await self.client.infer_async(model, arrays, names or None, version)
@@ -324,7 +371,10 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         try:
             datatypes = {t["name"]: t["datatype"] for t in
                          self.client.engine.plan(model, version).meta["outputs"]}
-            return encode_response(result, datatypes, request.id)
+            written = {name: (out_shm[name][0],
+                              self.shm.write_output(target, name, result[name], datatypes[name]))
+                       for name, target in targets.items() if name in result}
+            return encode_response(result, datatypes, request.id, written)
         finally:
             result.release()  # the arena's block is free as soon as the bytes are copied
 
@@ -368,6 +418,53 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             reader.cancel()
             for task in list(pending):
                 task.cancel()
+
+    # -- system shared memory (front/shm.py: one registry for every front) -------------
+    async def SystemSharedMemoryStatus(self, request, context):
+        return await self._answer(context, self._shm_status(request))
+
+    async def _shm_status(self, request):
+        rows = await self.control(self.shm.status, request.name or None)
+        answer = pb.SystemSharedMemoryStatusResponse()
+        for row in rows:
+            answer.regions[row["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=row["name"], key=row["key"], offset=row["offset"],
+                byte_size=row["byte_size"]))
+        return answer
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        return await self._answer(context, self._shm_register(request))
+
+    async def _shm_register(self, request):
+        if not request.name:
+            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT, "'region name' is necessary to "
+                                                              "register system shared memory region")
+        await self.control(self.shm.register, request.name, request.key, request.offset,
+                           request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        return await self._answer(context, self._shm_unregister(request))
+
+    async def _shm_unregister(self, request):
+        await self.control(self.shm.unregister, request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory needs a GPU build: as the HTTP front (http._cuda_shared_memory)
+    async def CudaSharedMemoryStatus(self, request, context):
+        if request.name:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "Unable to find cuda shared memory "
+                                                           f"region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"failed to register CUDA shared memory region: '{request.name}', "
+                            "GPUs not supported: CUDA shared memory needs a GPU build of "
+                            "shmserve (this one serves system shared memory only)")
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- trace and log settings ------------------------------------------------------------
     async def TraceSetting(self, request, context):

@@ -28,19 +28,22 @@ from . import codec
 from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
     parse_version, server_ready
 
+from .shm import SystemSharedMemory
+
 log = logging.getLogger("shmserve.front")
 
 # Triton's endpoints this front does not serve yet: answered 501, naming the extension.
 NOT_YET = [
     (re.compile(r"^/v2/repository(/|$)"), "model repository extension"),
-    (re.compile(r"^/v2/systemsharedmemory(/|$)"), "system shared memory extension"),
-    (re.compile(r"^/v2/cudasharedmemory(/|$)"), "CUDA shared memory extension"),
     (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting$"), "trace extension"),
     (re.compile(r"^/v2/logging$"), "logging extension"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$"), "generate extension"),
 ]
 MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
                    r"(?P<what>/ready|/config|/stats|/infer)?$")
+SHARED_MEMORY = re.compile(r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?"
+                           r"/(?P<action>status|register|unregister)$")
+MAX_REGISTER_BYTES = 64 << 10  # a register request's JSON
 MAX_HEADER_BYTES = 64 << 20  # the JSON part of a request (JSON tensors included)
 
 _STATUS = {P.Status.INVALID_ARG: 400, P.Status.NOT_FOUND: 404, P.Status.UNAVAILABLE: 503,
@@ -61,6 +64,7 @@ class Front:
         self.arena_bytes = arena_bytes  # no request's binary inputs can need more        # submit() waits (blocking) for a free slot or arena space: never let this
         # process ask for more than its lease holds, so the loop is never blocked.
         self.in_flight = asyncio.Semaphore(max_in_flight)
+        self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -104,6 +108,12 @@ class Front:
         if path == "/v2/models/stats":
             _method(method, "GET")
             return 200, await self.stats(None, None), {}
+        m = SHARED_MEMORY.match(path)
+        if m is not None:
+            _method(method, "GET" if m["action"] == "status" else "POST")
+            if m["kind"] == "cuda":
+                return _cuda_shared_memory(m["region"], m["action"])
+            return await self.system_shared_memory(receive, m["region"], m["action"])
         for pattern, extension in NOT_YET:
             if pattern.match(path):
                 raise HttpError(501, f"the {extension} is not supported by shmserve's HTTP "
@@ -135,6 +145,36 @@ class Front:
             return 200, _json(await self.metadata(model, version)), {}
         except errors.ModelNotFoundError:
             raise HttpError(404, not_found_message(model, version)) from None
+
+    async def system_shared_memory(self, receive, region, action: str):
+        """Triton's system shared memory extension: status, register, unregister."""
+        if action == "status":
+            return 200, _json(await self.control(self.shm.status, region)), {}
+        if action == "unregister":
+            await self.control(self.shm.unregister, region)
+            return 200, b"", {}
+        if region is None:
+            raise HttpError(400, "'region name' is necessary to register system shared "
+                                 "memory region")
+        body = bytearray()
+        async for chunk in _body(receive):
+            body += chunk
+            if len(body) > MAX_REGISTER_BYTES:
+                raise HttpError(413, f"a register request's JSON is larger than "
+                                     f"{MAX_REGISTER_BYTES} bytes")
+        request = codec.parse_header(bytes(body))
+        for field in ("key", "byte_size"):
+            if field not in request:
+                raise HttpError(400, f"Shared memory register request has no '{field}' field")
+        key, offset, size = request["key"], request.get("offset", 0), request["byte_size"]
+        if not isinstance(key, str):
+            raise HttpError(400, "Unable to parse 'key': expected a string")
+        for field, value in (("offset", offset), ("byte_size", size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise HttpError(400, f"Unable to parse '{field}': expected a non-negative "
+                                     f"integer, got {value!r}")
+        await self.control(self.shm.register, region, key, offset, size)
+        return 200, b"", {}
 
     async def metadata(self, model: str, version) -> dict:
         meta = await self.control(self.client.model_metadata, model, version)
@@ -200,6 +240,17 @@ class Front:
         filler.close()
         names, binary = codec.wanted_outputs(header)
         options = codec.request_options(header)
+        shm_out = codec.shm_outputs(header)
+        shm_in = [t for t in inputs if t.shm is not None]
+        targets = {}
+        if shm_in or shm_out:
+            if self.shm.needs_refresh():
+                await self.control(self.shm.refresh)
+            for t in shm_in:
+                t.value = self.shm.read_input(*t.shm, name=t.name, datatype=t.datatype,
+                                              dtype=t.dtype, shape=t.shape, model=model,
+                                              empty=self.client.empty)
+            targets = {name: self.shm.output_target(*spec) for name, spec in shm_out.items()}
         arrays = {t.name: t.finish() for t in inputs}
         async with self.in_flight:
             try:
@@ -208,7 +259,11 @@ class Front:
                 raise HttpError(404, not_found_message(model, version)) from None
         datatypes = {t["name"]: t["datatype"] for t in
                      self.client.engine.plan(model, version).meta["outputs"]}
-        parts, json_len = codec.encode_response(result, datatypes, binary, header.get("id"))
+        in_shm = {name: (shm_out[name][0],
+                         self.shm.write_output(target, name, result[name], datatypes[name]))
+                  for name, target in targets.items() if name in result}
+        parts, json_len = codec.encode_response(result, datatypes, binary, header.get("id"),
+                                                in_shm)
         if json_len is None:
             return 200, parts[0], {}
         return 200, parts, {b"content-type": b"application/octet-stream",
@@ -239,6 +294,21 @@ async def _inflate(chunks, encoding: str):
         raise codec.BadRequest(f"the body is not valid {encoding} data: {e}") from None
     if tail:
         yield tail
+
+
+def _cuda_shared_memory(region, action: str):
+    """CUDA shared memory needs a GPU build: a registration is refused by name; status
+    lists nothing and unregistering succeeds, as Triton without GPUs answers (tools such
+    as perf_analyzer unregister both kinds of region before they start)."""
+    if action == "register" and region is None:
+        raise HttpError(400, "'region name' is necessary to register cuda shared memory region")
+    if action == "register":
+        raise HttpError(400, f"failed to register CUDA shared memory region: '{region}', GPUs "
+                             "not supported: CUDA shared memory needs a GPU build of shmserve "
+                             "(this one serves system shared memory only)")
+    if action == "status" and region is not None:
+        raise HttpError(404, f"Unable to find cuda shared memory region: '{region}'")
+    return 200, (_json([]) if action == "status" else b""), {}
 
 
 def _method(method: str, allowed: str) -> None:

@@ -23,6 +23,7 @@ from . import devices
 from .control import ControlPlane
 from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
 from .supervisor import Child, Supervisor, describe_exit
+from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
@@ -121,6 +122,7 @@ class Coordinator(ControlPlane, Supervisor):
         self.stopping = False
         self.traces = None  # tracing.TraceSink while --trace-config traces
         self.port_claims: list[socket.socket] = []  # --http-port/--grpc-port, bound before the start
+        self.system_shm = SystemShmRegistry()  # regions registered through the fronts
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -248,6 +250,7 @@ class Coordinator(ControlPlane, Supervisor):
                 self.traces.close()
             except Exception as e:  # the segments below must go whatever happened here
                 log.error("traces: could not finish: %s", e)
+        self.system_shm.close()
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
