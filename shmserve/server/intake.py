@@ -14,7 +14,7 @@ import logging
 from typing import Sequence
 
 from .._core import now_ns
-from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, ClientState, MailboxState,
+from ..protocol import (LAYOUT, STALE_MODEL_ID, POP_CORRUPT, POP_OK, POP_STALLED, ClientState, MailboxState,
                         RingConsumer, SlotState, Status, Timestamp)
 from .maps import ServerMaps
 from .scheduling import Pending, Rejection, Scheduler
@@ -28,9 +28,13 @@ SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claim
 
 
 class Intake:
-    def __init__(self, maps: ServerMaps, schedulers: Sequence[Scheduler]):
+    def __init__(self, maps: ServerMaps, schedulers: Sequence[Scheduler | None],
+                 table_changed=lambda: None):
         self.maps = maps
-        self.schedulers = schedulers  # by model id
+        self.schedulers = schedulers  # by model table index; None: no model there
+        self.table_changed = table_changed  # reads the table changes announced (batcher)
+        # Handles withdrawn (unload, reload) -> the error their requests get (models.py)
+        self.stale: dict[int, str] = {}
         self.n_models = maps.layout.n_models
         self.ring = RingConsumer(maps.ctl, maps.srv.load64(L["server.ring_pos"]))
         self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
@@ -97,7 +101,10 @@ class Intake:
             # The model id of the server's copy: the slot's own the client may rewrite.
             model_id = self.maps.srv.load32(layout.shadow(client_id, slot) + L["shadow.request"]
                                             + L["request.model_id"])
-            if model_id < self.n_models:  # statistics first: the caller may read them next
+            if msg.startswith(STALE_MODEL_ID):  # an unloaded or reloaded model's handle
+                self.table_changed()
+                msg = self.stale.get(model_id, msg)
+            elif model_id < self.n_models:  # statistics first: the caller may read them next
                 self.maps.record_answers(model_id, [(status, now_ns())])
             arena.ops.complete(slot_off, gen, status, msg, [])
             return
@@ -112,7 +119,15 @@ class Intake:
             self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
                                             "finishes the requests it holds and takes no new one"))
             return
-        refused = self.schedulers[model_id].enqueue(p)
+        scheduler = self.schedulers[model_id]
+        if scheduler is None:  # published before we read the table change: read it now
+            self.table_changed()
+            scheduler = self.schedulers[model_id]
+            if scheduler is None:
+                self.reject(model_id, Rejection(p, Status.UNAVAILABLE, f"model id {model_id} "
+                                                "is not loaded"))
+                return
+        refused = scheduler.enqueue(p)
         if refused is not None:
             self.reject(model_id, refused)
 
