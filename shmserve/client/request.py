@@ -41,7 +41,12 @@ class Request:
     (output buffer too small), and alive while the server reads them."""
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
-                 "block", "block_bytes", "outputs", "sources_refs")
+                 "block", "block_bytes", "outputs", "sources_refs", "call")
+
+    def __init__(self):
+        # (model, inputs, outputs, version) as the caller gave them, while the request
+        # may be sent again under a model resolved again (reloaded); then None.
+        self.call = None
 
 
 def version_key(version) -> int | None:

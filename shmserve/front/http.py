@@ -29,10 +29,9 @@ from . import codec
 log = logging.getLogger("shmserve.front")
 
 # What GET /v2 lists: the extensions this front serves, by Triton's names.
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
 # Triton's endpoints this front does not serve yet: answered 501, naming the extension.
 NOT_YET = [
-    (re.compile(r"^/v2/repository(/|$)"), "model repository extension"),
     (re.compile(r"^/v2/systemsharedmemory(/|$)"), "system shared memory extension"),
     (re.compile(r"^/v2/cudasharedmemory(/|$)"), "CUDA shared memory extension"),
     (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting$"), "trace extension"),
@@ -41,7 +40,9 @@ NOT_YET = [
 ]
 MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
                    r"(?P<what>/ready|/config|/stats|/infer)?$")
+REPOSITORY = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
 CONTROL_TIMEOUT_S = 10.0  # a control call not answered by then: 503, never a hang
+LOAD_TIMEOUT_S = 600.0  # ... a load or unload (it waits for workers, or for a drain)
 MAX_HEADER_BYTES = 64 << 20  # the JSON part of a request (JSON tensors included)
 
 _STATUS = {P.Status.INVALID_ARG: 400, P.Status.NOT_FOUND: 404, P.Status.UNAVAILABLE: 503,
@@ -85,14 +86,51 @@ class Front:
             status, body, headers = 500, _error(f"internal error: {type(e).__name__}: {e}"), {}
         await _send(send, status, body, headers)
 
-    async def control(self, fn, *args):
+    async def control(self, fn, *args, timeout: float = CONTROL_TIMEOUT_S):
         """A control-plane call of the engine, in a thread, bounded in time."""
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args),
-                                          CONTROL_TIMEOUT_S)
+            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args), timeout)
         except asyncio.TimeoutError:
-            raise HttpError(503, f"the server did not answer within {CONTROL_TIMEOUT_S:g} s") from None
+            raise HttpError(503, f"the server did not answer within {timeout:g} s") from None
+
+    async def repository(self, receive, path: str):
+        """Triton's model repository extension: index, load (with
+        parameters.config), unload. Errors as Triton's: {"error": ...}."""
+        body = b"".join([chunk async for chunk in _body(receive)])
+        try:
+            request = json.loads(body) if body.strip() else {}
+        except ValueError as e:
+            raise codec.BadRequest(f"the request body is not JSON: {e}") from None
+        if not isinstance(request, dict):
+            raise codec.BadRequest("the request body must be a JSON object")
+        if path == "/v2/repository/index":
+            ready = request.get("ready", False)
+            if not isinstance(ready, bool):
+                raise codec.BadRequest("'ready' must be a boolean")
+            rows = await self.control(self.client.get_model_repository_index, ready)
+            return 200, _json([{k: v for k, v in r.items() if v != ""} for r in rows]), {}
+        m = REPOSITORY.match(path)
+        if m is None:
+            raise HttpError(404, f"no such endpoint: POST {path}")
+        params = request.get("parameters", {})
+        if not isinstance(params, dict):
+            raise codec.BadRequest("'parameters' must be a JSON object")
+        model = m["model"]
+        if m["action"] == "unload":
+            await self.control(self.client.unload_model, model, timeout=LOAD_TIMEOUT_S)
+            return 200, b"", {}
+        files = sorted(k for k in params if k.startswith("file:"))
+        if files:
+            raise HttpError(400, f"load of model '{model}': model files in the request "
+                                 f"({', '.join(files)}) are not supported by shmserve; put "
+                                 "them in the model repository")
+        config = params.get("config")
+        if config is not None and not isinstance(config, str):
+            raise codec.BadRequest("parameters 'config' must be a string holding the model "
+                                   "configuration as JSON")
+        await self.control(self.client.load_model, model, config, timeout=LOAD_TIMEOUT_S)
+        return 200, b"", {}
 
     async def route(self, scope, receive):
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
@@ -112,6 +150,9 @@ class Front:
         if path == "/v2/models/stats":
             _method(method, "GET")
             return 200, await self.stats(None, None), {}
+        if path.startswith("/v2/repository/"):
+            _method(method, "POST")
+            return await self.repository(receive, path)
         for pattern, extension in NOT_YET:
             if pattern.match(path):
                 raise HttpError(501, f"the {extension} is not supported by shmserve's HTTP "
