@@ -460,7 +460,7 @@ class Engine:
         is sent again, once, to the model the name resolves to now. None: it is not
         (unloaded, or already sent again); the caller raises the server's error."""
         self.forget(req.plan.name)
-        call, req.call = req.call, None
+        call, req.call = getattr(req, "call", None), None
         if call is None or "unloaded" in message.split(f"({P.STALE_MODEL_ID}", 1)[0]:
             return None
         model, inputs, outputs, version = call

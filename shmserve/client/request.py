@@ -41,12 +41,10 @@ class Request:
     (output buffer too small), and alive while the server reads them."""
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
-                 "block", "block_bytes", "outputs", "sources_refs", "call")
-
-    def __init__(self):
-        # (model, inputs, outputs, version) as the caller gave them, while the request
-        # may be sent again under a model resolved again (reloaded); then None.
-        self.call = None
+                 "block", "block_bytes", "outputs", "sources_refs",
+                 # (model, inputs, outputs, version) as the caller gave them, while the
+                 # request may be sent again to a model resolved again (reloaded)
+                 "call")
 
 
 def version_key(version) -> int | None:
