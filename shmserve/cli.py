@@ -101,6 +101,20 @@ def _verbosity(text: str) -> int:
     return level
 
 
+def _byte_count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes")
+    return int(text)
+
+
+def _cuda_pool(text: str) -> tuple[int, int]:
+    """Triton's <GPU>:<bytes>."""
+    gpu, sep, size = text.partition(":")
+    if not sep or not gpu.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: write <GPU number>:<bytes>, e.g. 0:268435456")
+    return int(gpu), _byte_count(size)
+
+
 def trace_options(args) -> dict:
     """--trace-config as the ServeOptions field (Triton's settings; tracing.py)."""
     from .errors import ConfigError
@@ -133,6 +147,8 @@ def cmd_serve(args) -> int:
                             model_table_size=args.model_table_size,
                             max_model_instances=args.max_model_instances,
                             strict_readiness=args.strict_readiness,
+                            cuda_pools=dict(args.cuda_memory_pool_byte_size),
+                            pinned_pool_bytes=args.pinned_memory_pool_byte_size,
                             auto_complete_config=not (args.disable_auto_complete_config
                                                       or args.strict_model_config)))
 
@@ -590,6 +606,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--strict-model-config", type=_bool, default=False, nargs="?", const=True,
                    metavar="BOOL",
                    help="Triton's older spelling: true is --disable-auto-complete-config")
+    s.add_argument("--cuda-memory-pool-byte-size", type=_cuda_pool, action="append",
+                   default=[], metavar="GPU:BYTES",
+                   help="as Triton: caps the device memory shmserve allocates for staging on "
+                        "that GPU (the tensorrt backend's input and output buffers; "
+                        "docs/gpu.md); repeat for each GPU")
+    s.add_argument("--pinned-memory-pool-byte-size", type=_byte_count, default=None,
+                   metavar="BYTES",
+                   help="Triton's pinned host pool: accepted, and ignored with a warning "
+                        "(shmserve does not pin the callers' arenas yet; docs/gpu.md)")
     s.add_argument("--group", default=None, metavar="GROUP",
                    help="also serve clients of this group (other uids): the control socket "
                         "becomes group read-write, the runtime directory group-traversable; "

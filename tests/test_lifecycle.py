@@ -339,11 +339,11 @@ BAD_CONFIGS = {
                       'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                       'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
                       r"config\.pbtxt: name 'other' differs from its directory 'bad'"),
-    "gpu_instances": ('name: "bad"\nbackend: "python"\nmax_batch_size: 1\n'
+    "instance_kind": ('name: "bad"\nbackend: "python"\nmax_batch_size: 1\n'
                       'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                       'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-                      'instance_group [ { kind: KIND_GPU } ]\n',
-                      r"config\.pbtxt: instance_group kind KIND_GPU is not supported"),
+                      'instance_group [ { kind: KIND_MODEL } ]\n',
+                      r"config\.pbtxt: instance_group kind KIND_MODEL is not supported"),
     "dynamic_batching_unbatched": ('name: "bad"\nbackend: "python"\nmax_batch_size: 0\n'
                                    'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
                                    'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'

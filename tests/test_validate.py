@@ -347,10 +347,10 @@ def test_an_auto_complete_hook_is_run_and_reported(repo, capsys):
 
 
 def test_what_else_a_start_refuses_is_listed_with_its_line_and_a_fix(repo, capsys):
-    write_model(repo, "gpu", python_config("gpu", extra="instance_group [ { kind: KIND_GPU } ]"),
+    write_model(repo, "gpu", python_config("gpu", extra="instance_group [ { kind: KIND_MODEL } ]"),
                 IDENTITY_CODE)
     rc, findings = validate(capsys, repo)
     f = only(findings, "gpu")
     assert rc == 1 and f["line"] == config_line(repo, "gpu", "instance_group")
-    assert "KIND_GPU is not supported" in f["message"]
+    assert "KIND_MODEL is not supported" in f["message"]
     assert f["fix"].startswith("write instance_group [ { count: 1 kind: KIND_CPU } ]")

@@ -1,6 +1,6 @@
 """Model backends. Each runs inside a worker process and executes whole batches.
 
-A backend is a class with `__init__(spec)`, `execute(inputs) -> outputs` (dicts of
+A backend is a class with `__init__(spec, instance)`, `execute(inputs) -> outputs` (dicts of
 numpy arrays keyed by tensor name, batch dimension first when the model batches)
 and `close()`. Imports of heavy libraries stay inside the backend modules, in the
 worker: a missing library makes that model UNAVAILABLE with the reason, never the
@@ -8,8 +8,9 @@ server fail. A backend module may define `check_config(cfg, where)`: the reposit
 calls it when it reads a config (no heavy import), to refuse or warn about the
 backend's own parameters and options by name before any worker starts.
 
-The python backend also takes the worker's Instance (model code sees its instance in
-initialize's args and calls back into its server for BLS), and may execute per
+Every backend takes the worker's Instance: its device (the CPU or a GPU, as
+server/devices.py planned it), and for python models what model code sees in
+initialize's args (and its server, for BLS). The python backend may execute per
 request instead (`per_request`: Triton's python API, python_backend.py).
 """
 from __future__ import annotations
@@ -31,13 +32,16 @@ class Instance:
     index: int = 0  # among the instances of its model
     server: str = "default"  # the server's name (`shmserve serve --name`)
     socket: str | None = None  # its control socket (BLS requests are a client's)
+    device: int = -1  # -1 the CPU, else the server's GPU number (server/devices.py)
+    cuda_pool_bytes: int = 0  # --cuda-memory-pool-byte-size for its GPU; 0: no cap
+
+    @property
+    def kind(self) -> str:
+        return "CPU" if self.device < 0 else "GPU"
 
 
 def load_backend(spec, instance: Instance | None = None):
-    module = _module(spec.backend)
-    if spec.backend == "python":
-        return module.Backend(spec, instance or Instance())
-    return module.Backend(spec)
+    return _module(spec.backend).Backend(spec, instance or Instance())
 
 
 def check_config(backend: str, cfg, where: str) -> None:

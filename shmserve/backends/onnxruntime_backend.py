@@ -18,14 +18,18 @@ onnxruntime backend names them (its README):
     onnxruntime without it makes the model UNAVAILABLE, naming what is missing (a
     Triton built without OpenVINO refuses the model too); any other name is refused.
   ... gpu_execution_accelerator [ { name: "tensorrt" | "cuda" } ]
-    Triton applies these to GPU instances only; instances here run on the CPU, so,
-    as Triton on a CPU instance, they are ignored, each with a warning naming it.
+    GPU instances (server/devices.py) run on ONNX Runtime's CUDAExecutionProvider
+    (onnxruntime-gpu), with TensorrtExecutionProvider before it for "tensorrt" (its
+    parameters passed as provider options); an onnxruntime without them makes the
+    instance UNAVAILABLE, naming what is missing. As Triton, CPU instances ignore GPU
+    accelerators, each with a warning naming it.
 """
 from __future__ import annotations
 
 import logging
 
 from ..errors import ConfigError, UnavailableError
+from ..server.devices import local_ordinal
 from . import params as P
 
 log = logging.getLogger("shmserve.repository")
@@ -55,9 +59,10 @@ def check_config(cfg, where: str) -> None:
                               f"cpu_execution_accelerator '{ea.name}' is unknown (the "
                               "onnxruntime backend knows 'openvino')")
     for ea in accelerators.gpu_execution_accelerator:
-        log.warning("%s: optimization execution_accelerators gpu_execution_accelerator '%s' is "
-                    "ignored: instances run on the CPU here, and Triton applies GPU "
-                    "accelerators to GPU instances only", where, ea.name)
+        if ea.name not in GPU_ACCELERATORS:
+            raise ConfigError(f"{where}: optimization execution_accelerators "
+                              f"gpu_execution_accelerator '{ea.name}' is unknown (the "
+                              "onnxruntime backend knows 'tensorrt' and 'cuda')")
     if P.flag(P.of(cfg), "share_session_between_instances", False, where):
         log.warning('%s: parameters "share_session_between_instances" is ignored: each '
                     "instance is a process of its own, with its own session", where)
@@ -81,8 +86,24 @@ def options(params: dict, where: str) -> dict:
     return out
 
 
+def gpu_providers(cfg, where: str, available: list[str], device_id: int) -> list:
+    """The execution providers of a GPU instance, in ONNX Runtime's order of preference."""
+    providers = []
+    for ea in cfg.optimization.execution_accelerators.gpu_execution_accelerator:
+        if ea.name == "tensorrt":
+            providers.append(("TensorrtExecutionProvider",
+                              {"device_id": device_id, **dict(ea.parameters)}))
+    providers.append(("CUDAExecutionProvider", {"device_id": device_id}))
+    missing = [p for p, _ in providers if p not in available]
+    if missing:
+        raise UnavailableError(f"{where}: a GPU instance needs ONNX Runtime's "
+                               f"{' and '.join(missing)}, which this onnxruntime lacks (it has "
+                               f"{', '.join(available)}; pip install onnxruntime-gpu)")
+    return providers
+
+
 class Backend:
-    def __init__(self, spec):
+    def __init__(self, spec, instance):
         import onnxruntime as ort
 
         where = f"model '{spec.name}' version {spec.version}"
@@ -104,6 +125,16 @@ class Backend:
             self.run_options = ort.RunOptions()
             self.run_options.add_run_config_entry(ARENA_SHRINKAGE, wanted[ARENA_SHRINKAGE])
         providers = []
+        if instance.kind == "GPU":
+            where = f"{where} instance {instance.index} (GPU {instance.device})"
+            providers = gpu_providers(cfg, where, ort.get_available_providers(),
+                                      local_ordinal(spec.backend, instance.device))
+        else:
+            for ea in cfg.optimization.execution_accelerators.gpu_execution_accelerator:
+                log.warning("%s: optimization execution_accelerators gpu_execution_accelerator "
+                            "'%s' is ignored: instance %d runs on the CPU, and Triton applies "
+                            "GPU accelerators to GPU instances only", where, ea.name,
+                            instance.index)
         for ea in cfg.optimization.execution_accelerators.cpu_execution_accelerator:
             provider = CPU_ACCELERATORS[ea.name]
             if provider not in ort.get_available_providers():

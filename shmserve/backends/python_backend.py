@@ -31,13 +31,14 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from .. import pb_utils
-from ..errors import ConfigError
+from ..errors import ConfigError, UnavailableError
 from ..pb_utils import bls, logger
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
 from ..pb_utils.messages import incoming
 from ..pb_utils.tensor import wrap
 from ..protocol import Status
+from ..server import devices
 from . import Instance
 
 API_PARAMETER = "shmserve.python_api"
@@ -96,6 +97,11 @@ def model_class(module, path: str):
 class Backend:
     def __init__(self, spec, instance: Instance):
         self.spec = spec
+        if instance.kind == "GPU" and instance.device not in devices.visible_gpus():
+            raise UnavailableError(
+                f"model '{spec.name}' version {spec.version}: instance {instance.index} is on "
+                f"GPU {instance.device}, which this machine does not show (visible GPUs: "
+                f"{list(devices.visible_gpus()) or 'none: no NVIDIA driver or nvidia-ml-py'})")
         module, imported_pb_utils = import_model(spec.path, f"shmserve_model_{spec.name}_{spec.version}")
         cls = model_class(module, spec.path)
         api = spec.parameters.get(API_PARAMETER, TRITON_API if imported_pb_utils else NUMPY_API)
@@ -176,23 +182,25 @@ def initialize_args(spec, instance: Instance) -> dict:
     """initialize(args) as Triton gives it (every value a str), plus "parameters"
     ({key: string_value}) that shmserve's numpy-dict models have always had."""
     cfg = text_format.Parse(spec.config_text, mc.ModelConfig())
-    if not cfg.instance_group:  # as Triton completes it
-        cfg.instance_group.add(count=spec.instance_count)
+    K = mc.ModelInstanceGroup
+    if not cfg.instance_group:  # as Triton completes it (server/devices.py planned it)
+        gpus = sorted({d for d in spec.devices if d != devices.CPU})
+        group = cfg.instance_group.add(count=1 if gpus else spec.instance_count,
+                                       kind=K.KIND_GPU if gpus else K.KIND_CPU)
+        group.gpus.extend(gpus)
+    first, name = 0, ""  # Triton names an instance <group name>_<index in its group>
     for g, group in enumerate(cfg.instance_group):
         group.name = group.name or f"{spec.name}_{g}"
         group.count = group.count or 1
-        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = mc.ModelInstanceGroup.KIND_CPU
-    index = instance.index  # Triton names an instance <group name>_<index in its group>
-    for group in cfg.instance_group:
-        if index < group.count:
-            break
-        index -= group.count
+        n = group.count * (len(group.gpus) if group.kind == K.KIND_GPU else 1)
+        if first <= instance.index < first + n:
+            name = f"{group.name}_{instance.index - first}"
+        first += n
     return {
         "model_config": config_json(cfg),
-        "model_instance_kind": "CPU",
-        "model_instance_name": f"{group.name}_{index}",
-        "model_instance_device_id": "0",
+        "model_instance_kind": instance.kind,
+        "model_instance_name": name,
+        "model_instance_device_id": str(max(instance.device, 0)),
         "model_repository": spec.path.rsplit("/", 2)[0],
         "model_version": str(spec.version),
         "model_name": spec.name,

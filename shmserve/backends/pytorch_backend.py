@@ -34,6 +34,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError, UnavailableError
 from ..protocol import DataType
+from ..server.devices import local_ordinal
 from . import params as P
 
 log = logging.getLogger("shmserve.repository")
@@ -71,7 +72,7 @@ def check_config(cfg, where: str) -> None:
 
 
 class Backend:
-    def __init__(self, spec):
+    def __init__(self, spec, instance):
         where = f"model '{spec.name}' version {spec.version}"
         try:
             import torch
@@ -79,6 +80,13 @@ class Backend:
             raise UnavailableError(f"{where}: the pytorch backend needs torch, which is not "
                                    f"installed ({e}; pip install 'shmserve[torch]')") from None
         self.torch, self.spec = torch, spec
+        self.device = torch.device("cpu")
+        if instance.kind == "GPU":
+            if not torch.cuda.is_available():
+                raise UnavailableError(
+                    f"{where}: instance {instance.index} is on GPU {instance.device}, and torch "
+                    f"{torch.__version__} sees no CUDA device (a CPU build, or no driver)")
+            self.device = torch.device("cuda", local_ordinal(spec.backend, instance.device))
         params = spec.parameters
         intra = P.integer(params, "INTRA_OP_THREAD_COUNT", 1, where, minimum=0)
         inter = P.integer(params, "INTER_OP_THREAD_COUNT", 1, where, minimum=0)
@@ -95,9 +103,9 @@ class Backend:
             with torch.inference_mode(self.inference_mode):
                 if self.exported:
                     program = torch.export.load(spec.path)
-                    self.module = program.module()
+                    self.module = program.module().to(self.device)
                 else:
-                    self.module = torch.jit.load(spec.path, map_location="cpu")
+                    self.module = torch.jit.load(spec.path, map_location=self.device)
         except Exception as e:  # a file torch cannot read: say which and how it was read
             how = "torch.export.load" if self.exported else "torch.jit.load (TorchScript)"
             raise ConfigError(f"{spec.path}: {how} failed with torch {torch.__version__}: "
@@ -178,7 +186,7 @@ class Backend:
     def _tensor(self, value):
         if value.dtype == object:  # BYTES: List[str]
             return [v.decode() if isinstance(v, bytes) else str(v) for v in value.reshape(-1)]
-        return self.torch.from_numpy(np.ascontiguousarray(value))
+        return self.torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
 
     def execute(self, inputs: dict) -> dict:
         torch = self.torch

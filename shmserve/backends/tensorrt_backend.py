@@ -62,7 +62,7 @@ def missing_pieces() -> list[str]:
 
 
 class Backend:
-    def __init__(self, spec):
+    def __init__(self, spec, instance):  # its worker sees only its GPU (server/devices.py)
         where = f"model '{spec.name}' version {spec.version}"
         missing = missing_pieces()
         if missing:
@@ -72,6 +72,8 @@ class Backend:
         import tensorrt as trt
 
         self.spec, self.cupy, self.trt = spec, cupy, trt
+        if instance.cuda_pool_bytes:  # the staging buffers below come from cupy's pool
+            cupy.get_default_memory_pool().set_limit(size=instance.cuda_pool_bytes)
         self.logger = trt.Logger(trt.Logger.WARNING)
         with open(spec.path, "rb") as f:
             plan = f.read()

@@ -20,6 +20,7 @@ from ..errors import ConfigError, ShmServeError, ShmSpaceError
 from ..logs import LogOptions, setup as setup_logging
 from ..protocol import LAYOUT as L
 from ..segments import Segment, pid_alive, socket_path
+from . import devices
 from .control import ControlPlane
 from .models import ModelControl, ModelTable, version_fingerprint
 from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
@@ -47,6 +48,8 @@ class ServeOptions:
     max_spin_us: int = 200  # ... and up to this long when requests come that often
     load_timeout_s: float = 120.0
     exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
+    cuda_pools: dict = dataclasses.field(default_factory=dict)  # GPU -> bytes (devices.py)
+    pinned_pool_bytes: int | None = None  # --pinned-memory-pool-byte-size: not used yet
     idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
@@ -440,6 +443,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
             coord.table.problems.setdefault(p.name, []).append(p)
         for spec in specs:
             coord.table.add(spec, version_fingerprint(spec))
+        devices.check_pools(opts.cuda_pools, opts.pinned_pool_bytes)
         coord.traces = start_tracing(opts.trace, coord.table.trace_names)
         coord.create_segments()
         coord.plan_children()

@@ -40,6 +40,7 @@ from prometheus_client.utils import floatToGoString
 
 from ..errors import ConfigError
 from . import statistics
+from .devices import nvml
 
 log = logging.getLogger("shmserve.metrics")
 
@@ -151,7 +152,7 @@ class Sampler:
         self.window: collections.deque = collections.deque()  # (monotonic, {key: hists})
         self.cpu: dict = {}
         self.gpus: list[dict] = []
-        self.nvml = _nvml() if config.get("gpu", True) else None
+        self.nvml = nvml() if config.get("gpu", True) else None
         self.energy_start: dict[str, float] = {}
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, name="shmserve-metrics-sampler", daemon=True)
@@ -337,19 +338,6 @@ _GPU_FAMILIES = {
     "nv_gpu_power_limit": "GPU power management limit in watts",
     "nv_energy_consumption": "GPU energy consumption in joules since the server started",
 }
-
-
-def _nvml():
-    """pynvml (PyPI nvidia-ml-py) initialised, or None without the package or a GPU."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        if pynvml.nvmlDeviceGetCount() == 0:
-            return None
-        return pynvml
-    except Exception:  # no package, no driver, no device: no GPU families
-        return None
 
 
 def _gpu_readings(nvml, energy_start: dict) -> list[dict]:

@@ -244,13 +244,17 @@ class ModelControl:
         srv.store32(off + L["model.generation"], entry.generation)
 
     def worker_children(self, entry: Entry) -> list:
+        from . import devices
         from .supervisor import Child
 
         trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
+        spec = entry.spec
         for instance, mailbox in enumerate(entry.mailboxes):
+            device = spec.device(instance)
             child = Child("worker", self.boot_message(
-                worker_index=mailbox, model_id=entry.index, instance=instance,
-                model=entry.spec.to_dict(), **trace), entry=entry)
+                worker_index=mailbox, model_id=entry.index, instance=instance, device=device,
+                cuda_pool_bytes=self.opts.cuda_pools.get(device, 0), model=spec.to_dict(),
+                **trace), env=devices.worker_environment(spec.backend, device), entry=entry)
             entry.workers.append(child)
             self.children.append(child)
         return entry.workers

@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import backends
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
-from . import autocomplete, reshape, unsupported, warmup
+from . import autocomplete, devices, reshape, unsupported, warmup
 
 log = logging.getLogger("shmserve.repository")
 
@@ -86,6 +86,10 @@ class ModelSpec:
     queue_timeout_us: int = 0  # ... default_timeout_microseconds with REJECT; 0: none
     instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
     warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
+    devices: tuple[int, ...] = ()  # per instance: devices.CPU or a GPU number; () all CPU
+
+    def device(self, instance: int) -> int:
+        return self.devices[instance] if self.devices else devices.CPU
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -97,6 +101,7 @@ class ModelSpec:
         d["outputs"] = tuple(_tensor_from_dict(t) for t in d["outputs"])
         d["preferred_batch_sizes"] = tuple(d["preferred_batch_sizes"])
         d["warmup"] = tuple(d.get("warmup", ()))
+        d["devices"] = tuple(d.get("devices", ()))
         return cls(**d)
 
     @property
@@ -329,22 +334,7 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     batched = cfg.max_batch_size > 0
     inputs = _tensors(cfg.input, where, "input", batched, model_dir)
     outputs = _tensors(cfg.output, where, "output", batched, model_dir)
-    count = 0
-    for group in cfg.instance_group or [mc.ModelInstanceGroup(count=1)]:
-        gpu_only = backend == "tensorrt"  # a TensorRT plan runs on its GPU, nowhere else
-        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not gpu_only:
-            raise ConfigError(f"{where}: instance_group kind KIND_GPU is not supported on this "
-                              "server build (use KIND_CPU)")
-        if group.kind == mc.ModelInstanceGroup.KIND_CPU and gpu_only:
-            raise ConfigError(f"{where}: instance_group kind KIND_CPU: a tensorrt_plan model "
-                              "runs on a GPU (use KIND_GPU or leave kind out)")
-        if group.kind not in (mc.ModelInstanceGroup.KIND_AUTO, mc.ModelInstanceGroup.KIND_CPU,
-                              mc.ModelInstanceGroup.KIND_GPU):
-            raise ConfigError(f"{where}: instance_group kind "
-                              f"{mc.ModelInstanceGroup.Kind.Name(group.kind)} is not supported")
-        count += group.count or 1  # Triton fills an unset count with 1
-    if count < 1:
-        raise ConfigError(f"{where}: instance_group count must be >= 1")
+    instance_devices = devices.instance_devices(cfg, backend, where)
     dyn = cfg.HasField("dynamic_batching")
     preferred = tuple(sorted(int(p) for p in cfg.dynamic_batching.preferred_batch_size))
     if any(p < 1 or p > max(cfg.max_batch_size, 1) for p in preferred):
@@ -377,7 +367,8 @@ def load_model(model_dir: Path, auto_complete: bool = True,
         specs.append(ModelSpec(
             name=name, version=v, backend=backend, path=str(path),
             max_batch_size=int(cfg.max_batch_size), inputs=inputs, outputs=outputs,
-            instance_count=count, dynamic_batching=dyn, preferred_batch_sizes=preferred,
+            instance_count=len(instance_devices), devices=instance_devices,
+            dynamic_batching=dyn, preferred_batch_sizes=preferred,
             max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
             parameters=params, config_text=text_format.MessageToString(cfg),
             retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),

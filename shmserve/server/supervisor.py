@@ -35,6 +35,7 @@ class Child:
     exits: list = dataclasses.field(default_factory=list)  # monotonic times of recent exits
     retired: bool = False
     handshake: typing.BinaryIO | None = None  # the read end of a starting worker's report
+    env: dict = dataclasses.field(default_factory=dict)  # set for it (devices.worker_environment)
     entry: typing.Any = None  # a worker's models.Entry
 
     def describe(self) -> str:
@@ -45,7 +46,10 @@ class Child:
         if self.role != "worker":
             return pid
         m = self.boot["model"]
-        return f"model '{m['name']}' version {m['version']} instance {self.boot['instance']}, {pid}"
+        device = self.boot.get("device", -1)
+        where = f" on GPU {device}" if device >= 0 else ""
+        return (f"model '{m['name']}' version {m['version']} instance {self.boot['instance']}"
+                f"{where}, {pid}")
 
 
 def describe_exit(code: int) -> str:
@@ -83,7 +87,8 @@ class Supervisor:
             module = "shmserve.front.http" if child.role == "front" else f"shmserve.server.{child.role}"
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", module], stdin=subprocess.PIPE,
-                stdout=sys.stderr.fileno(), pass_fds=keep + shared)
+                stdout=sys.stderr.fileno(), pass_fds=keep + shared,
+                env={**os.environ, **child.env} if child.env else None)
         except BaseException:
             if handshake:
                 os.close(read_end)

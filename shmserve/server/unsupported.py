@@ -32,7 +32,7 @@ TENSOR_REFUSED = {"allow_ragged_batch", "is_shape_tensor", "is_non_linear_format
 # optimization: the onnxruntime backend applies graph and execution_accelerators
 # (onnxruntime_backend.py); the other backends ignore them, as Triton's do.
 OPTIMIZATION_BY_BACKEND = {"graph": {"onnxruntime"}, "execution_accelerators": {"onnxruntime"}}
-GROUP_IMPLEMENTED = {"name", "kind", "count"}
+GROUP_IMPLEMENTED = {"name", "kind", "count", "gpus"}  # server/devices.py
 
 
 def _set_fields(message) -> list[str]:

@@ -579,8 +579,8 @@ _START_PROBLEMS = [
      "keep each preferred_batch_size within 1..max_batch_size", _locate_field(
          "dynamic_batching")),
     (r"instance_group", "config",
-     "write instance_group [ { count: 1 kind: KIND_CPU } ] (count >= 1; kind KIND_CPU or "
-     "left out)", _locate_field("instance_group")),
+     "write instance_group [ { count: 1 kind: KIND_CPU } ] (count >= 1; kind KIND_CPU, "
+     "KIND_GPU with gpus the server sees, or left out)", _locate_field("instance_group")),
     (r"declared twice", "tensor", "give each input and output a name of its own",
      _locate_named),
     (r"declares no", "tensor",

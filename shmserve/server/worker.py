@@ -24,6 +24,7 @@ from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Tim
                         encode_bytes, numpy_dtype)
 from . import reshape, warmup
 from .repository import ModelSpec
+from .devices import CPU
 from .maps import ServerMaps, child_setup
 from .tracing import Sampler
 
@@ -64,7 +65,8 @@ class Worker:
         self.batched = self.spec.max_batch_size > 0
         self.reshaped_inputs = tuple(t for t in self.spec.inputs if t.reshape is not None)
         self.instance = Instance(boot.get("instance", 0), boot.get("server_name", "default"),
-                                 boot.get("socket"))
+                                 boot.get("socket"), boot.get("device", CPU),
+                                 boot.get("cuda_pool_bytes", 0))
         self.backend = None
         self.stopping = False  # set by SIGTERM: leave serve_forever after the batch in hand
         # --trace-config: None when tracing is off, so run_batch does not even look
