@@ -62,12 +62,28 @@ def test_none_mode_refuses_load_and_unload(server_factory):
     assert r.returncode == 1 and "not allowed" in r.stderr, (r.stdout, r.stderr)
 
 
-def test_load_model_only_with_explicit(server_factory):
-    server = server_factory(args=["--load-model", "identity"], start=False)
-    proc = subprocess.run(server.command(), env=server.env(), capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert "--load-model is only for --model-control-mode explicit" in proc.stderr
+def start_refused(server) -> str:
+    """Starts a server that must refuse to start (exit 2); its stderr. One that serves
+    after all is stopped cleanly (SIGTERM), then the caller's assertion fails."""
+    proc = subprocess.Popen(server.command(), env=server.env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    return f"exit {proc.returncode}: {err}"
+
+
+def test_model_control_flags_are_checked(server_factory):
+    for args, words in ((["--load-model", "identity"],
+                         "--load-model is only for --model-control-mode explicit"),
+                        (["--model-control-mode", "poll", "--repository-poll-secs", "0"],
+                         "--repository-poll-secs 0: poll mode needs a period > 0"),
+                        (["--model-control-mode", "explicit", "--load-model", "*",
+                          "--model-table-size", "0"], "--model-table-size 0")):
+        out = start_refused(server_factory(args=args, start=False))
+        assert out.startswith("exit 2:") and words in out, (args, out)
 
 
 def test_explicit_mode_cli_and_client(server_factory):

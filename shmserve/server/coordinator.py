@@ -86,8 +86,9 @@ class ServeOptions:
         versions, instances = len(specs), sum(s.instance_count for s in specs)
         if self.model_control_mode == "none":
             return max(versions, 1), max(instances, 1)
-        return (self.model_table_size or max(64, 2 * versions),
-                self.max_model_instances or max(128, 2 * instances))
+        return (max(64, 2 * versions) if self.model_table_size is None else self.model_table_size,
+                max(128, 2 * instances) if self.max_model_instances is None
+                else self.max_model_instances)
 
     def log_options(self) -> LogOptions:
         return LogOptions.with_level(
@@ -195,7 +196,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.server.ops.init_server(lay.max_clients, lay.slots_per_client, lay.n_models,
                                     lay.n_workers)
         for e in self.table.all():
-            self.write_model_entry(e)
+            self.write_model_entry(e.index, e.spec, e.generation)
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
@@ -432,11 +433,21 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
         if opts.model_control_mode not in ("none", "explicit", "poll"):
             raise ConfigError(f"--model-control-mode {opts.model_control_mode!r}: one of none, "
                               "explicit, poll")
+        if opts.model_control_mode == "poll" and not opts.repository_poll_secs > 0:
+            raise ConfigError(f"--repository-poll-secs {opts.repository_poll_secs:g}: poll mode "
+                              "needs a period > 0")
         if opts.model_control_mode == "poll":  # what the first poll compares with
             coord.polled = coord.repository_fingerprints()
         specs, problems = load_models(opts)
+        capacity, instances = opts.table_sizes(specs)
+        if instances < max(1, sum(s.instance_count for s in specs)):
+            raise ConfigError(f"--max-model-instances {instances}: the models to load at start "
+                              f"have {sum(s.instance_count for s in specs)} instances")
+        if capacity < len(specs):
+            raise ConfigError(f"--model-table-size {capacity}: {len(specs)} model versions to "
+                              "load at start")
         try:
-            coord.table = ModelTable(*opts.table_sizes(specs))
+            coord.table = ModelTable(capacity, instances)
         except ValueError as e:
             raise ConfigError(f"--model-table-size: {e}") from None
         for p in problems:

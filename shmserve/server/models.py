@@ -227,12 +227,13 @@ class ModelControl:
         self.server.ops.store32(L["server.table_epoch"], self.table_epoch)
         self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
 
-    def write_model_entry(self, entry: Entry) -> None:
-        """The entry's row of the segment, not ready, its statistics zeroed (an index
-        reused), then its generation: the handle is valid from here (not ready yet)."""
+    def write_model_entry(self, index: int, spec: ModelSpec, generation: int = 0) -> None:
+        """Entry `index` of the segment's table for `spec`, not ready, its statistics
+        zeroed (an index reused), then its generation: handles of that generation are
+        valid from here (the model is not ready yet)."""
         from ..protocol import LAYOUT as L
 
-        spec, off = entry.spec, self.layout.model(entry.index)
+        off = self.layout.model(index)
         srv = self.server.ops
         srv.store32(off + L["model.ready"], 0)
         srv.put(off + L["model.stats"], bytes(L["model_stats.size"]))
@@ -241,7 +242,7 @@ class ModelControl:
             [(t.name, t.dtype, t.dims) for t in spec.inputs],
             [(t.name, t.dtype, t.dims) for t in spec.outputs],
             sum(1 << k for k, t in enumerate(spec.inputs) if t.optional))
-        srv.store32(off + L["model.generation"], entry.generation)
+        srv.store32(off + L["model.generation"], generation)
 
     def worker_children(self, entry: Entry) -> list:
         from . import devices
@@ -345,7 +346,7 @@ class ModelControl:
             log.info("model loading: '%s' version %d (%s backend, %d instance%s, "
                      "max_batch_size %d)", e.name, e.version, e.spec.backend,
                      len(e.mailboxes), "s" * (len(e.mailboxes) != 1), e.spec.max_batch_size)
-            self.write_model_entry(e)
+            self.write_model_entry(e.index, e.spec, e.generation)
             self.tell_batcher({"op": "add", "model_id": e.index, "handle": e.handle,
                                "spec": e.spec.to_dict(), "workers": e.mailboxes})
             for child in self.worker_children(e):
