@@ -24,8 +24,9 @@ request's byte layout, every offset and size from shmserve.protocol.LAYOUT).
 
 validator: builds, in process memory (anonymous mmaps wrapped by shmserve._core.Mapping),
 a server segment (ServerLayout, header by Mapping.init_server; a model table written
-by Mapping.write_model_entry: every data type, BYTES, batched and unbatched, -1 dims,
-1-16 inputs and outputs, ranks 0-8, 63-byte and non-ASCII names, one model not ready)
+by the coordinator's write_model_entry: every data type, BYTES, batched and unbatched,
+-1 dims, 1-16 inputs and outputs, ranks 0-8, 63-byte and non-ASCII names, optional
+inputs, one model not ready)
 and two client arenas (ArenaLayout, header by Mapping.init_arena, 4 slots, 4 KiB and
 64 KiB of data). Each input fills one slot (request bytes, state and generation words,
 some arena header and data bytes) from the fuzzer, either raw or as a well-formed
@@ -94,7 +95,8 @@ with atheris.instrument_imports(include=["shmserve", "fuzz_reference", "fuzz_req
 
     import fuzz_reference as R
     from fuzz_reference import ALIGN, BYTES, ELEM, MAXD, MAXT, SHADOW, SLOT_STATE, U32
-    from fuzz_requests import MODELS, N_MODELS, READY, bytes_payload, i64, mutate, structured
+    from fuzz_requests import (MODELS, N_MODELS, READY, bytes_payload, i64, mutate,
+                               structured, write_models)
 
 # ---------------------------------------------------------------- segments
 
@@ -103,11 +105,7 @@ SLAY = ServerLayout(MAX_CLIENTS, SLOTS, N_MODELS, 1)
 SRV_MM = mmap.mmap(-1, SLAY.size)
 SRV = _core.Mapping(SRV_MM)
 SRV.init_server(MAX_CLIENTS, SLOTS, N_MODELS, 1)
-for _i, _m in enumerate(MODELS):  # as the coordinator's write_model_entry writes them
-    SRV.write_model_entry(SLAY.model(_i), _m.name, _m.version, _m.max_batch_size,
-                          [(t.name, t.dtype, t.dims) for t in _m.inputs],
-                          [(t.name, t.dtype, t.dims) for t in _m.outputs])
-    SRV.store32(SLAY.model(_i) + L["model.ready"], int(READY[_i]))
+write_models(SRV, SLAY)  # by the coordinator's write_model_entry
 
 
 class Arena:

@@ -106,7 +106,7 @@ def decode_request(raw) -> dict:
 # the status that check answers with; NOT_FOUND and UNAVAILABLE precede the checks.
 CHECKS = [
     ("1", "inputs and", Status.BAD_DESCRIPTOR), ("2", "missing input", Status.INVALID_ARG),
-    ("2", "inputs, got", Status.INVALID_ARG), ("3", "input index", Status.INVALID_ARG),
+    ("2", "gives no input", Status.INVALID_ARG), ("3", "input index", Status.INVALID_ARG),
     ("4", "given twice", Status.INVALID_ARG), ("4a", "reads inputs from", Status.INVALID_ARG),
     ("5", "has data type", Status.INVALID_ARG), ("6", "dimensions, expected", Status.INVALID_ARG),
     ("7", "negative dimension", Status.INVALID_ARG), ("8", "outside 1..", Status.INVALID_ARG),
@@ -196,12 +196,19 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
     ni, no, n_in = req["n_inputs"], req["n_outputs"], len(m.inputs)
     if ni > MAXT or no > MAXT:
         return refuse("1", f"request has {ni} inputs and {no} outputs (limit {MAXT})")
-    if ni != n_in:
-        given = {t["index"] for t in req["inputs"][:ni]}
-        missing = [s.name for k, s in enumerate(m.inputs) if k not in given]
+    # Check 2 only when the indexes are in range and distinct (else checks 3-4 name the
+    # fault): every input not marked optional is given; a batching model gets one.
+    indexes = [t["index"] for t in req["inputs"][:ni]]
+    if all(k < n_in for k in indexes) and len(set(indexes)) == len(indexes):
+        any_optional = any(s.optional for s in m.inputs)
+        missing = [s.name for k, s in enumerate(m.inputs) if k not in indexes and not s.optional]
+        if missing and any_optional:
+            return refuse("2", f"missing input '{missing[0]}' (it is not optional)")
         if missing:
             return refuse("2", f"missing input '{missing[0]}' (expects {n_in} inputs, got {ni})")
-        return refuse("2", f"expects {n_in} inputs, got {ni}")
+    if batched and ni == 0:
+        return refuse("2", "request gives no input (each is optional, but one is needed for "
+                      "the batch size)")
     seen, rows = set(), None
     for t in req["inputs"][:ni]:
         refusal, name = entry(t, "input", seen)

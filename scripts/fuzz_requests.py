@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import math
 import struct
+import types
 
 from fuzz_reference import (ALIGN, BYTES, DEVICE_ID, DTYPE, ELEM, FLAGS, IN0, INDEX, MAXD,
                             MAXT, MEMORY_KIND, MODEL_ID, N_INPUTS, N_OUTPUTS, NBYTES, NDIM,
                             OFFSET, OUT0, REF, REF_SIZE, REQ_SIZE, SHAPE, U32, U64)
 from shmserve.protocol import DTYPE_CODES as D
+from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import MemoryKind
 from shmserve.server.repository import ModelSpec, TensorSpec
 
 # ---------------------------------------------------------------- model table
 
 
-def _spec(name, mbs, inputs, outputs):
+def _spec(name, mbs, inputs, outputs, optional=()):
     return ModelSpec(name=name, version=1, backend="python", path="", max_batch_size=mbs,
-                     inputs=tuple(TensorSpec(*t) for t in inputs),
+                     inputs=tuple(TensorSpec(*t, optional=k in optional)
+                                  for k, t in enumerate(inputs)),
                      outputs=tuple(TensorSpec(*t) for t in outputs), instance_count=1,
                      dynamic_batching=mbs > 0, preferred_batch_sizes=(), max_queue_delay_us=0,
                      parameters={}, config_text="")
@@ -32,8 +35,9 @@ LONG = "m" * 63                       # longest model name (repository: < 64 byt
 UNAME = "\u20ac" * 21                  # 63 bytes of 3-byte UTF-8 characters (message cuts)
 # Every fixed-size type with an element size here (BF16 needs ml_dtypes).
 ALL_TYPES = [n for n, code in D.items() if code != BYTES and code in ELEM]
-# Sorted by name, as load_repository orders them; every one passes repository rules
-# (<= 16 tensors, rank + batch <= 8, dims -1 or > 0, names < 64 bytes).
+# Sorted by name, as load_repository orders them (the two with optional inputs last);
+# every one passes repository rules (<= 16 tensors, rank + batch <= 8, dims -1 or > 0,
+# names < 64 bytes).
 MODELS = [
     _spec("alltypes", 0, [(f"IN_{n}", D[n], (-1,)) for n in ALL_TYPES],
           [(f"OUT_{n}", D[n], (-1,)) for n in ALL_TYPES]),
@@ -54,9 +58,27 @@ MODELS = [
     _spec("wide_unbatched", 0, [(f"I{k}", D["INT8"], (1, -1, 1, 1, 1, 1, -1, 1))
                                 for k in range(16)],
           [(f"O{k}", D["INT8"], (-1,)) for k in range(16)]),
+    # Optional inputs (check 2's other wordings), after the sorted ones so that the
+    # model ids of the corpora in tests/fuzz_corpus keep their meaning.
+    _spec("optional", 4, [("REQ", D["FP32"], (-1,)), ("OPT", D["INT32"], (2,))],
+          [("OUT", D["FP32"], (-1,))], optional=(1,)),
+    _spec("optional_only", 4, [("A", D["FP32"], (-1,)), ("B", D["FP32"], (-1,))],
+          [("OUT", D["FP32"], (-1,))], optional=(0, 1)),
 ]
 READY = [m.name != "unready" for m in MODELS]
 N_MODELS = len(MODELS)
+
+
+def write_models(srv_ops, slay) -> None:
+    """The table into a server segment (a Mapping laid out by ServerLayout `slay`),
+    written by the coordinator's own write_model_entry (optional-input bits included),
+    then the ready words."""
+    from shmserve.server.coordinator import Coordinator
+
+    coordinator = types.SimpleNamespace(layout=slay, server=types.SimpleNamespace(ops=srv_ops))
+    for i, m in enumerate(MODELS):
+        Coordinator.write_model_entry(coordinator, i, m)
+        srv_ops.store32(slay.model(i) + L["model.ready"], int(READY[i]))
 
 # ---------------------------------------------------------------- values
 

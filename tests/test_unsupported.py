@@ -20,8 +20,6 @@ def model(tmp_path, extra: str = "", dims=(-1,)):
 
 @pytest.mark.parametrize("extra, named", [
     ("sequence_batching { max_sequence_idle_microseconds: 5000000 }", "sequence_batching"),
-    ('ensemble_scheduling { step [ { model_name: "a" model_version: -1 } ] }',
-     "ensemble_scheduling"),
     ("model_transaction_policy { decoupled: true }", "decoupled"),
     ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
      'source_input: "INPUT0" } ]', "batch_input"),

@@ -19,7 +19,8 @@ import dataclasses
 import importlib
 
 _MODULES = {"python": "python_backend", "onnxruntime": "onnxruntime_backend",
-            "pytorch": "pytorch_backend", "tensorrt": "tensorrt_backend"}
+            "pytorch": "pytorch_backend", "tensorrt": "tensorrt_backend",
+            "ensemble": "ensemble_backend"}
 
 
 def _module(backend: str):

@@ -107,6 +107,7 @@ class Engine:
             raise errors.ShmServeError(f"segment {self._control.name}: {e}", P.Status.INVALID_ARG) from None
         self._slots_offset = hello.slots_offset
         self._alloc = ArenaAllocator(hello.data_offset, hello.arena_bytes)
+        self._py_inputs = {"inputs_copied": 0, "inputs_adopted": 0}  # the Python path's counts
         # The slot table (requests in flight, orphans), the spin policy and the C path.
         self._core = ClientCore(self._ops, self._arena.mmap, self._ctl, self._ring.offset,
                                 self._ring.capacity, self.client_id, hello.slots_offset,
@@ -244,9 +245,14 @@ class Engine:
     @property
     def counters(self) -> dict:
         """For tests and debugging: requests each path took a slot for so far, the C
-        path ("c") and the Python path ("python", resends included); slots not free
-        ("slots_busy": in flight or orphaned); bytes of the arena in use ("arena_used")."""
-        return {**self._core.counts, "slots_busy": self._core.busy, "arena_used": self._alloc.used}
+        path ("c") and the Python path ("python", resends included); input tensors
+        copied into the arena and used in place (already in it: "inputs_copied",
+        "inputs_adopted", both paths); slots not free ("slots_busy": in flight or
+        orphaned); bytes of the arena in use ("arena_used")."""
+        counts = self._core.counts
+        for key, n in self._py_inputs.items():
+            counts[key] += n
+        return {**counts, "slots_busy": self._core.busy, "arena_used": self._alloc.used}
 
     def _locate(self, arr: np.ndarray) -> int:
         """arr's offset in this arena's data area (zero-copy input), or -1."""
@@ -296,6 +302,7 @@ class Engine:
                 size += _aligned(nbytes)
             else:
                 layout.append((index, code, None, offset, nbytes, shape))
+            self._py_inputs["inputs_copied" if offset < 0 else "inputs_adopted"] += 1
         outputs = []
         for index, name, itemsize, dims in req.wanted:
             if needed and index in needed:

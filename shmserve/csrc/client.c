@@ -312,7 +312,9 @@ static PyObject *core_n_futures(ClientCore *self, void *c) {
 }
 
 static PyObject *core_counts(ClientCore *self, void *c) {
-  return Py_BuildValue("{sKsK}", "c", self->sent_c, "python", self->sent_py);
+  return Py_BuildValue("{sKsKsKsK}", "c", self->sent_c, "python", self->sent_py,
+                       "inputs_copied", self->inputs_copied, "inputs_adopted",
+                       self->inputs_adopted);
 }
 
 /* ---------------------------------------------------------------- the type */

@@ -56,6 +56,7 @@ typedef struct {
   PyObject *out_dtypes;                 /* numpy dtype by code, None: Python decodes */
   int closed;
   unsigned long long sent_c, sent_py;   /* slots taken by infer()/send(), by Python */
+  unsigned long long inputs_copied, inputs_adopted; /* C path: copied in, used in place */
 } ClientCore;
 
 static inline shms_slot *slot_at(ClientCore *self, uint32_t i) {

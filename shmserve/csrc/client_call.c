@@ -239,8 +239,11 @@ static int place_call(ClientCore *self, call *c) {
     shms_py_slot_put(self, c->slot);
     return 0;
   }
-  for (uint32_t i = 0; i < c->n_in; i++)
+  for (uint32_t i = 0; i < c->n_in; i++) {
     if (!c->in[i].adopted) c->in[i].offset += c->block;
+    self->inputs_adopted += c->in[i].adopted != 0;
+    self->inputs_copied += c->in[i].adopted == 0;
+  }
   for (uint32_t j = 0; j < c->n_out; j++) c->out_offset[j] += c->block;
   c->generation = shms_py_slot_generation(self, c->slot);
   return 1;

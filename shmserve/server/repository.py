@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from .. import backends
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
-from . import autocomplete, devices, reshape, unsupported, warmup
+from . import autocomplete, devices, ensemble, reshape, unsupported, warmup
 
 log = logging.getLogger("shmserve.repository")
 
@@ -33,6 +33,7 @@ BACKENDS = {
     "onnxruntime": ("onnxruntime_onnx", "model.onnx"),
     "pytorch": ("pytorch_libtorch", "model.pt"),
     "tensorrt": ("tensorrt_plan", "model.plan"),
+    "ensemble": ("ensemble", ""),  # no model file: its version directory (ensemble.py)
 }
 _PLATFORM_TO_BACKEND = {p: b for b, (p, _) in BACKENDS.items()}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -106,7 +107,8 @@ class ModelSpec:
 
     @property
     def model_dir(self) -> Path:
-        return Path(self.path).parent.parent
+        version_dir = Path(self.path) if self.backend == ensemble.PLATFORM else Path(self.path).parent
+        return version_dir.parent
 
     def config(self) -> mc.ModelConfig:
         """The model's configuration as served (completed and checked)."""
@@ -334,8 +336,14 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     batched = cfg.max_batch_size > 0
     inputs = _tensors(cfg.input, where, "input", batched, model_dir)
     outputs = _tensors(cfg.output, where, "output", batched, model_dir)
-    instance_devices = devices.instance_devices(cfg, backend, where)
-    dyn = cfg.HasField("dynamic_batching")
+    if cfg.HasField("ensemble_scheduling") and backend != ensemble.PLATFORM:
+        raise ConfigError(f"{where}: ensemble_scheduling belongs to platform \"ensemble\" "
+                          f"models; this one is a {backend} model")
+    if backend == ensemble.PLATFORM:
+        instance_devices = _ensemble_instances(cfg, where)
+    else:
+        instance_devices = devices.instance_devices(cfg, backend, where)
+    dyn = cfg.HasField("dynamic_batching") or (backend == ensemble.PLATFORM and batched)
     preferred = tuple(sorted(int(p) for p in cfg.dynamic_batching.preferred_batch_size))
     if any(p < 1 or p > max(cfg.max_batch_size, 1) for p in preferred):
         raise ConfigError(f"{where}: preferred_batch_size {list(preferred)} must lie in "
@@ -377,9 +385,25 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     return specs
 
 
+def _ensemble_instances(cfg: mc.ModelConfig, where: str) -> tuple[int, ...]:
+    """An ensemble's workers, all on the CPU: each runs one batch's steps at a time."""
+    if cfg.instance_group:
+        raise ConfigError(f'{where}: an ensemble takes no instance_group (it runs no model '
+                          f'itself; parameters "{ensemble.INSTANCES_PARAMETER}" sets how many '
+                          "of its batches run at once)")
+    value = cfg.parameters[ensemble.INSTANCES_PARAMETER].string_value \
+        if ensemble.INSTANCES_PARAMETER in cfg.parameters else str(ensemble.DEFAULT_INSTANCES)
+    if not value.strip().isdigit() or not 1 <= int(value) <= 64:
+        raise ConfigError(f'{where}: parameters "{ensemble.INSTANCES_PARAMETER}" must be a whole '
+                          f"number from 1 to 64, got {value!r}")
+    return (devices.CPU,) * int(value)
+
+
 def _model_file(cfg: mc.ModelConfig, backend: str, where: str) -> str:
     """The model file's name in each version directory: default_model_filename, or
     the backend's default (model.onnx, model.pt, model.plan, model.py)."""
+    if backend == ensemble.PLATFORM:
+        return ""
     model_file = cfg.default_model_filename or BACKENDS[backend][1]
     if os.sep in model_file or model_file in ("..", "."):
         raise ConfigError(f"{where}: default_model_filename {model_file!r} must be a file name")
@@ -421,7 +445,7 @@ def scan_repository(path: str | os.PathLike, auto_complete: bool = True
             problems.append(ModelProblem(model_dir.name, None, f"{model_dir}: {e}"))
     if not model_dirs:
         raise ConfigError(f"model repository {root} holds no model")
-    return specs, problems
+    return ensemble.check_all(specs, problems, ModelProblem), problems
 
 
 def problems_message(problems: list[ModelProblem]) -> str:

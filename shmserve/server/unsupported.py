@@ -21,9 +21,10 @@ log = logging.getLogger("shmserve.repository")
 # elsewhere); `runtime` is a Triton backend library name, irrelevant here.
 IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "input", "output",
                "instance_group", "dynamic_batching", "parameters", "version_policy",
-               "default_model_filename", "model_warmup", "optimization"}
+               "default_model_filename", "model_warmup", "optimization",
+               "ensemble_scheduling"}  # ensemble.py
 # Set, these change results: refused.
-REFUSED = {"sequence_batching", "ensemble_scheduling", "batch_input", "batch_output"}
+REFUSED = {"sequence_batching", "batch_input", "batch_output"}
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
                        "default_queue_policy"}
 QUEUE_POLICY_IMPLEMENTED = {"max_queue_size", "default_timeout_microseconds", "timeout_action"}

@@ -26,7 +26,7 @@ from google.protobuf import descriptor_pool
 from tritonclient.grpc import model_config_pb2 as mc
 
 from ..errors import ConfigError
-from . import autocomplete, repository, unsupported
+from . import autocomplete, ensemble, repository, unsupported
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 JSON_FIELDS = ("model", "version", "file", "line", "severity", "message", "fix")
@@ -160,7 +160,7 @@ class _ModelCheck:
                      line=self.top_line("name"))
         backend = self._check_backend(cfg)
         self._check_unsupported(cfg)
-        if backend is None:
+        if backend is None or backend == ensemble.PLATFORM:  # an ensemble has no model file
             return
         model_file = cfg.default_model_filename or repository.BACKENDS[backend][1]
         if Path(model_file).name != model_file:

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import _core
 from ..backends import Instance, load_backend
+from ..errors import ShmServeError
 from ..logs import capture_model_output
 from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
                         encode_bytes, numpy_dtype)
@@ -202,6 +203,8 @@ class Worker:
             status, msg = Status.OK, ""
         except BatchError as e:
             status, msg, outputs = e.status, str(e), None
+        except ShmServeError as e:  # a request the model made failed (an ensemble's step)
+            status, msg, outputs = e.code, e.msg, None
         except Exception as e:
             status, msg, outputs = Status.INTERNAL, self.raised(e), None
         return (status, msg, outputs, t_infer or time.monotonic_ns(),
