@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .. import protocol as P
 from ..errors import ConfigError, ShmServeError, UnavailableError
+from . import ensemble
 from .repository import _NAME_RE, ModelProblem, ModelSpec, load_model, model_fingerprint
 
 log = logging.getLogger("shmserve.coordinator")
@@ -287,6 +288,13 @@ class ModelControl:
             specs, problems = [], [ModelProblem(name, None, e.msg)]
         except (OSError, UnicodeDecodeError) as e:
             specs, problems = [], [ModelProblem(name, None, f"{model_dir}: {e}")]
+        if any(spec.backend == ensemble.PLATFORM for spec in specs):
+            # an ensemble's steps are checked against the models served now (as at start)
+            others = [e.spec for e in self.table.served() if e.name != name and e.state == READY]
+            found: list[ModelProblem] = []
+            specs = [s for s in ensemble.check_all(others + specs, found, ModelProblem)
+                     if s.name == name]
+            problems += [p for p in found if p.name == name]
         current = [e for e in self.table.of(name) if e.state != UNLOADING]
         serving = {e.version: e for e in current if e.state == READY}
         fresh, kept = [], set()
