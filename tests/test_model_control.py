@@ -335,3 +335,20 @@ def test_http_repository_extension(server_factory):
         assert e.value.status() == "400"
     finally:
         client.close()
+
+
+def test_ensemble_loaded_while_serving_is_checked_against_served_models(server_factory):
+    from test_ensemble import composed, pipeline_repo
+
+    server = server_factory(models=(), setup=pipeline_repo,
+                            args=EXPLICIT + ["--load-model", "add_one", "--load-model", "double"])
+    with shmserve.Client(server.name) as c:
+        with pytest.raises(errors.InvalidArgumentError,
+                           match=r"load failed for model 'pipeline': version 1: .*'combine'.*no "
+                                 r"such model is served"):
+            c.load_model("pipeline")
+        assert index(c)[("pipeline", "1")][0] == "UNAVAILABLE"
+        c.load_model("combine")
+        c.load_model("pipeline")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(c.infer("pipeline", {"INPUT": x})["OUTPUT"], composed(x))
