@@ -73,6 +73,49 @@ def http_options(args) -> dict:
             "http_thread_count": args.http_thread_count}
 
 
+# Triton's gRPC keep-alive flags -> grpcio's channel arguments (values in ms or counts).
+GRPC_CHANNEL_FLAGS = {
+    "grpc_keepalive_time": "grpc.keepalive_time_ms",
+    "grpc_keepalive_timeout": "grpc.keepalive_timeout_ms",
+    "grpc_keepalive_permit_without_calls": "grpc.keepalive_permit_without_calls",
+    "grpc_http2_max_pings_without_data": "grpc.http2.max_pings_without_data",
+    "grpc_http2_min_recv_ping_interval_without_data":
+        "grpc.http2.min_ping_interval_without_data_ms",
+    "grpc_http2_max_ping_strikes": "grpc.http2.max_ping_strikes",
+}
+GRPC_COMPRESSION_LEVELS = ("none", "low", "medium", "high")  # Triton's names, grpc's order
+
+
+def grpc_options(args) -> dict:
+    """--grpc-port / --allow-grpc / --grpc-address / --grpc-infer-thread-count and the
+    keep-alive and compression flags as ServeOptions fields: the gRPC front is served
+    when a port is given or --allow-grpc=true (then on 8001, Triton's port)."""
+    port = args.grpc_port
+    if args.allow_grpc is False:
+        port = None
+    elif args.allow_grpc and port is None:
+        port = 8001
+    if port is not None and not 0 < port <= 65535:
+        raise SystemExit(f"shmserve serve: --grpc-port {port} is not a port number (1-65535)")
+    if args.grpc_infer_thread_count < 1:
+        raise SystemExit(f"shmserve serve: --grpc-infer-thread-count must be at least 1, "
+                         f"not {args.grpc_infer_thread_count}")
+    channel = {}
+    for flag, arg in GRPC_CHANNEL_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if value < 0:
+            raise SystemExit(f"shmserve serve: --{flag.replace('_', '-')} must not be negative, "
+                             f"not {value}")
+        channel[arg] = int(value)
+    level = args.grpc_infer_response_compression_level
+    return {"grpc_port": port, "grpc_address": args.grpc_address,
+            "grpc_infer_thread_count": args.grpc_infer_thread_count,
+            "grpc_options": {"channel": channel,
+                             "compression_level": GRPC_COMPRESSION_LEVELS.index(level)}}
+
+
 def _log_format(text: str) -> str:
     from .logs import parse_format
 
@@ -130,7 +173,7 @@ def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
     return run(ServeOptions(**metrics_options(args), **trace_options(args), **http_options(args),
-                            model_repository=args.model_repository, name=args.name,
+                            **grpc_options(args), model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
@@ -533,6 +576,31 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--http-thread-count", type=int, default=1, metavar="N",
                    help="HTTP front processes sharing the port (SO_REUSEPORT), each a client "
                         "of the engine; more of them use more cores")
+    s.add_argument("--grpc-port", type=int, default=None,
+                   help="serve KServe v2 gRPC (Triton's GRPCInferenceService, "
+                        "docs/operating.md) on this port (Triton's is 8001)")
+    s.add_argument("--allow-grpc", type=_bool, default=None, nargs="?", const=True,
+                   metavar="BOOL", help="true: serve gRPC (on --grpc-port, else 8001); "
+                   "false: never, even with --grpc-port")
+    s.add_argument("--grpc-address", default="127.0.0.1",
+                   help="address for the gRPC front (loopback unless told otherwise)")
+    s.add_argument("--grpc-infer-thread-count", type=int, default=1, metavar="N",
+                   help="gRPC front processes sharing the port (SO_REUSEPORT), each a client "
+                        "of the engine; more of them use more cores")
+    for flag, what in [("keepalive-time", "ms between keep-alive pings (grpc default: 2 h)"),
+                       ("keepalive-timeout", "ms to wait for a keep-alive ping's answer"),
+                       ("keepalive-permit-without-calls", "true: ping with no call in flight"),
+                       ("http2-max-pings-without-data", "pings sent with no data between"),
+                       ("http2-min-recv-ping-interval-without-data",
+                        "ms a client must wait between pings with no data"),
+                       ("http2-max-ping-strikes", "bad pings before the connection closes")]:
+        boolean = flag == "keepalive-permit-without-calls"
+        s.add_argument(f"--grpc-{flag}", type=_bool if boolean else int, default=None,
+                       metavar="BOOL" if boolean else "N", help=f"Triton's gRPC option: {what}")
+    s.add_argument("--grpc-infer-response-compression-level", default="none",
+                   choices=GRPC_COMPRESSION_LEVELS,
+                   help="compress the gRPC front's responses (the client picks gzip or deflate "
+                        "among those it accepts; none: never)")
     s.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus metrics (Triton's families) on this port")
     s.add_argument("--metrics-address", default="127.0.0.1",

@@ -264,9 +264,7 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
     status, reply = raw(port, "POST", infer, b"abc", {"Content-Encoding": "gzip"})
     assert status == 400 and "not valid gzip" in reply["error"]
     # Endpoints of extensions not served yet say so, by name.
-    for method, path, words in [("GET", "/v2/systemsharedmemory/status", "system shared memory"),
-                                ("GET", "/v2/cudasharedmemory/status", "CUDA shared memory"),
-                                ("GET", "/v2/trace/setting", "trace"),
+    for method, path, words in [("GET", "/v2/trace/setting", "trace"),
                                 ("GET", "/v2/logging", "logging")]:
         status, reply = raw(port, method, path)
         assert status == 501 and words in reply["error"], (path, reply)

@@ -352,3 +352,34 @@ def test_ensemble_loaded_while_serving_is_checked_against_served_models(server_f
         c.load_model("pipeline")
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         np.testing.assert_array_equal(c.infer("pipeline", {"INPUT": x})["OUTPUT"], composed(x))
+
+
+def test_grpc_repository_extension(server_factory):
+    tg = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+    from test_grpc_front import wait_live
+    from test_http_front import free_port
+
+    port = free_port()
+    server = server_factory(models=("identity", "simple"),
+                            args=EXPLICIT + ["--load-model", "simple", "--grpc-port", str(port)])
+    client = wait_live(server, port)
+    try:
+        rows = {m.name: m for m in client.get_model_repository_index(as_json=False).models}
+        assert rows["simple"].state == "READY" and rows["identity"].state == ""
+        client.load_model("identity", config=json.dumps({
+            "name": "identity", "backend": "python", "max_batch_size": 5,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]}))
+        assert client.is_model_ready("identity")
+        assert client.get_model_config("identity", as_json=True)["config"]["max_batch_size"] == 5
+        x = np.ones((1, 3), np.float32)
+        inp = tg.InferInput("INPUT0", [1, 3], "FP32")
+        inp.set_data_from_numpy(x)
+        assert (client.infer("identity", [inp]).as_numpy("OUTPUT0") == x).all()
+        client.unload_model("identity")
+        assert not client.is_model_ready("identity")
+        rows = {m.name: m for m in client.get_model_repository_index(as_json=False).models}
+        assert (rows["identity"].state, rows["identity"].reason) == ("UNAVAILABLE", "unloaded")
+    finally:
+        client.close()
+

@@ -28,12 +28,10 @@ class Unsupported(BadRequest):
 # Request-level and per-tensor parameters other than these are refused by name, so that
 # nothing a caller asks for is silently ignored.
 REQUEST_PARAMETERS = {"binary_data_output"}
-INPUT_PARAMETERS = {"binary_data_size"}
-OUTPUT_PARAMETERS = {"binary_data"}
+SHM_PARAMETERS = {"shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"}
+INPUT_PARAMETERS = {"binary_data_size"} | SHM_PARAMETERS
+OUTPUT_PARAMETERS = {"binary_data"} | SHM_PARAMETERS
 NOT_YET = {  # parameter -> the extension it belongs to
-    "shared_memory_region": "system/CUDA shared memory extension",
-    "shared_memory_byte_size": "system/CUDA shared memory extension",
-    "shared_memory_offset": "system/CUDA shared memory extension",
     "classification": "classification extension",
     "sequence_id": "sequence extension", "sequence_start": "sequence extension",
     "sequence_end": "sequence extension",
@@ -41,7 +39,7 @@ NOT_YET = {  # parameter -> the extension it belongs to
 }
 
 
-def _check_parameters(params, allowed: set, where: str) -> dict:
+def check_parameters(params, allowed: set, where: str, front: str = "HTTP") -> dict:
     if params is None:
         return {}
     if not isinstance(params, dict):
@@ -51,8 +49,8 @@ def _check_parameters(params, allowed: set, where: str) -> dict:
             continue
         if key in NOT_YET:
             raise Unsupported(f"{where}: parameter '{key}' ({NOT_YET[key]}) is not supported "
-                              "by shmserve's HTTP front yet")
-        raise Unsupported(f"{where}: parameter '{key}' is not supported by shmserve's HTTP front")
+                              f"by shmserve's {front} front yet")
+        raise Unsupported(f"{where}: parameter '{key}' is not supported by shmserve's {front} front")
     return params
 
 
@@ -68,12 +66,30 @@ def numpy_dtype(datatype, where: str) -> np.dtype:
                           "on the server") from None
 
 
+def tensor_type(shape, datatype, where: str) -> tuple[tuple, np.dtype]:
+    """A request tensor's shape (non-negative integers) and numpy dtype, checked; every
+    front's decoder goes through it."""
+    if (not isinstance(shape, list) or
+            not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers, "
+                         f"got {shape!r}")
+    return tuple(shape), numpy_dtype(datatype, where)
+
+
+def check_size(size: int, shape, datatype: str, dtype: np.dtype, what: str) -> None:
+    """A fixed-size tensor's bytes must be exactly what its shape and type say."""
+    expected = math.prod(shape) * dtype.itemsize
+    if size != expected:
+        raise BadRequest(f"{what}: shape {list(shape)} of {datatype} is {expected} bytes")
+
+
 class InputTensor:
     """One input of a request: where its binary bytes go (`sink`, a writable uint8
-    view), or its decoded JSON data."""
+    view), or its decoded JSON data, or the shared memory it is read from (`shm`:
+    region, offset, byte_size; the front sets `value` from it, front/shm.py)."""
 
     __slots__ = ("name", "shape", "datatype", "dtype", "binary_size", "sink", "value",
-                 "value_array")
+                 "value_array", "shm")
 
     def finish(self):
         """The array the engine is given."""
@@ -85,6 +101,30 @@ class InputTensor:
             except ValueError as e:
                 raise BadRequest(f"input '{self.name}': {e}") from None
         return self.value_array
+
+
+def shm_parameters(params: dict, where: str, name: str) -> tuple[str, int, int] | None:
+    """(region, offset, byte_size) of a tensor's shared_memory_* parameters, or None."""
+    if "shared_memory_region" not in params:
+        for key in ("shared_memory_offset", "shared_memory_byte_size"):
+            if key in params:
+                raise BadRequest(f"'{key}' can not be specified without "
+                                 f"'shared_memory_region' parameter for tensor '{name}'")
+        return None
+    region = params["shared_memory_region"]
+    if not isinstance(region, str):
+        raise BadRequest(f"{where}: Unable to parse 'shared_memory_region': expected a string")
+    if "shared_memory_byte_size" not in params:
+        raise BadRequest("'shared_memory_byte_size' must be specified along with "
+                         f"'shared_memory_region' parameter for tensor '{name}'")
+    values = []
+    for key, default in (("shared_memory_offset", 0), ("shared_memory_byte_size", None)):
+        v = params.get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise BadRequest(f"{where}: Unable to parse '{key}': expected a non-negative "
+                             f"integer, got {v!r}")
+        values.append(v)
+    return region, values[0], values[1]
 
 
 def parse_header(raw: bytes) -> dict:
@@ -104,7 +144,7 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
     binary_bytes: the length of the binary section when the body's length is known
     (the binary_data_size of the inputs must add up to it), else at most max_binary:
     nothing is allocated for sizes the body cannot hold."""
-    _check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request")
+    check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request")
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("request has no 'inputs' (a non-empty JSON array)")
@@ -127,36 +167,38 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
         if t.name in seen:
             raise BadRequest(f"{where} is given twice")
         seen.add(t.name)
-        shape = spec.get("shape")
-        if (not isinstance(shape, list) or
-                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers, "
-                             f"got {shape!r}")
-        t.shape, t.datatype = tuple(shape), spec.get("datatype")
-        t.dtype = numpy_dtype(t.datatype, where)
-        params = _check_parameters(spec.get("parameters"), INPUT_PARAMETERS, where)
+        t.shape, t.dtype = tensor_type(spec.get("shape"), spec.get("datatype"), where)
+        t.datatype = spec.get("datatype")
+        params = check_parameters(spec.get("parameters"), INPUT_PARAMETERS, where)
         count = math.prod(t.shape)
         t.sink = t.value = None
-        if "binary_data_size" in params:
+        t.shm = shm_parameters(params, where, t.name)
+        given = [k for k, on in (("'data'", "data" in spec),
+                                 ("'binary_data_size'", "binary_data_size" in params),
+                                 ("'shared_memory_region'", t.shm is not None)) if on]
+        if len(given) > 1:  # Triton's words
+            raise BadRequest("Input must set only one of the following fields: 'data', "
+                             "'binary_data_size' in 'parameters', 'shared_memory_region' in "
+                             f"'parameters'. But set {' '.join(given)}")
+        if t.shm is not None:
+            t.binary_size = 0
+        elif "binary_data_size" in params:
             size = params["binary_data_size"]
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise BadRequest(f"{where}: 'binary_data_size' must be a non-negative integer")
-            if "data" in spec:
-                raise BadRequest(f"{where}: has both 'data' and 'binary_data_size'")
             t.binary_size = size
             if t.datatype == "BYTES":
                 t.sink = memoryview(bytearray(size))
             else:
-                expected = count * t.dtype.itemsize
-                if size != expected:
-                    raise BadRequest(f"{where}: unexpected binary_data_size {size}: shape "
-                                     f"{list(t.shape)} of {t.datatype} is {expected} bytes")
+                check_size(size, t.shape, t.datatype, t.dtype, f"{where}: unexpected "
+                           f"binary_data_size {size}")
                 arr = empty(t.shape, t.dtype) if size else np.empty(t.shape, t.dtype)
                 t.value_array = arr
                 t.sink = memoryview(arr.reshape(-1).view(np.uint8))
         else:
             if "data" not in spec:
-                raise BadRequest(f"{where}: has neither 'data' nor a 'binary_data_size' parameter")
+                raise BadRequest(f"{where}: has neither 'data' nor a 'binary_data_size' or "
+                                 "'shared_memory_region' parameter")
             t.binary_size = 0
             t.value = json_array(spec["data"], t, count)
         planned.append(t)
@@ -240,6 +282,22 @@ class BinaryFiller:
                              f"binary_data_size {t.binary_size}, the body holds {self.pos} of them")
 
 
+def shm_outputs(header: dict) -> dict[str, tuple[str, int, int]]:
+    """The outputs asked for in shared memory: {name: (region, offset, byte_size)}
+    (called after wanted_outputs, which checked the list's shape)."""
+    targets = {}
+    for spec in header.get("outputs") or []:
+        params = spec.get("parameters") or {}
+        where = f"output '{spec['name']}'"
+        target = shm_parameters(params, where, spec["name"])
+        if target is None:
+            continue
+        if params.get("binary_data") is True:
+            raise BadRequest("Output can't set both 'shared_memory_region' and 'binary_data'")
+        targets[spec["name"]] = target
+    return targets
+
+
 def wanted_outputs(header: dict) -> tuple[list[str] | None, dict]:
     """Names of the outputs asked for (None: all) and, per name, whether it goes back
     as binary data (else the request's binary_data_output, default JSON)."""
@@ -254,7 +312,7 @@ def wanted_outputs(header: dict) -> tuple[list[str] | None, dict]:
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise BadRequest(f"output {i}: an object with a string 'name' is required")
         where = f"output '{spec['name']}'"
-        params = _check_parameters(spec.get("parameters"), OUTPUT_PARAMETERS, where)
+        params = check_parameters(spec.get("parameters"), OUTPUT_PARAMETERS, where)
         names.append(spec["name"])
         binary[spec["name"]] = bool(params.get("binary_data", default))
     return names, binary
@@ -277,15 +335,22 @@ def _json_values(arr: np.ndarray, datatype: str) -> list:
     return flat.tolist()
 
 
-def encode_response(result, datatypes: dict, binary: dict, request_id) -> tuple[list, int | None]:
+def encode_response(result, datatypes: dict, binary: dict, request_id,
+                    in_shm: dict | None = None) -> tuple[list, int | None]:
     """(body parts, JSON header length or None when no output is binary). Parts after
-    the JSON header are views of the arena (they keep the result's memory alive)."""
+    the JSON header are views of the arena (they keep the result's memory alive).
+    Outputs written to shared memory (in_shm: {name: (region, bytes written)}) are
+    listed without data, their parameters naming the region and the bytes written."""
     outputs, tails = [], []
     for name in result:
         arr = result[name]
         datatype = datatypes[name]
         entry = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
-        if binary.get(name, binary["*"]):
+        if in_shm and name in in_shm:
+            region, nbytes = in_shm[name]
+            entry["parameters"] = {"shared_memory_region": region,
+                                   "shared_memory_byte_size": nbytes}
+        elif binary.get(name, binary["*"]):
             if datatype == "BYTES":
                 data = P.encode_bytes(arr)
             else:

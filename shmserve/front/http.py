@@ -25,24 +25,26 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import codec
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
+    parse_version, server_ready
+
+from .shm import SystemSharedMemory
 
 log = logging.getLogger("shmserve.front")
 
-# What GET /v2 lists: the extensions this front serves, by Triton's names.
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "model_repository"]
 # Triton's endpoints this front does not serve yet: answered 501, naming the extension.
 NOT_YET = [
-    (re.compile(r"^/v2/systemsharedmemory(/|$)"), "system shared memory extension"),
-    (re.compile(r"^/v2/cudasharedmemory(/|$)"), "CUDA shared memory extension"),
     (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting$"), "trace extension"),
     (re.compile(r"^/v2/logging$"), "logging extension"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$"), "generate extension"),
 ]
 MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
                    r"(?P<what>/ready|/config|/stats|/infer)?$")
+SHARED_MEMORY = re.compile(r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?"
+                           r"/(?P<action>status|register|unregister)$")
+MAX_REGISTER_BYTES = 64 << 10  # a register request's JSON
 REPOSITORY = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
-CONTROL_TIMEOUT_S = 10.0  # a control call not answered by then: 503, never a hang
-LOAD_TIMEOUT_S = 600.0  # ... a load or unload (it waits for workers, or for a drain)
+LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
 MAX_HEADER_BYTES = 64 << 20  # the JSON part of a request (JSON tensors included)
 
 _STATUS = {P.Status.INVALID_ARG: 400, P.Status.NOT_FOUND: 404, P.Status.UNAVAILABLE: 503,
@@ -55,12 +57,6 @@ class HttpError(Exception):
         self.status, self.message = status, message
 
 
-def _not_found_message(model: str, version) -> str:
-    """Triton's words for a model (or version) it does not serve."""
-    what = f"'{model}'" if version is None else f"'{model}' version {version}"
-    return f"Request for unknown model: {what} is not found"
-
-
 class Front:
     """The ASGI application: routes, then the engine's answer in Triton's shape."""
 
@@ -69,6 +65,7 @@ class Front:
         self.arena_bytes = arena_bytes  # no request's binary inputs can need more        # submit() waits (blocking) for a free slot or arena space: never let this
         # process ask for more than its lease holds, so the loop is never blocked.
         self.in_flight = asyncio.Semaphore(max_in_flight)
+        self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -141,8 +138,7 @@ class Front:
         if path == "/v2/health/ready":
             _method(method, "GET")
             models = await self.control(self.client.models)
-            ready = bool(models) and all(m["state"] == "READY" for m in models)
-            return (200 if ready else 400), b"", {}
+            return (200 if server_ready(models) else 400), b"", {}
         if path == "/v2":
             _method(method, "GET")
             return 200, _json({"name": "shmserve", "version": __version__,
@@ -153,6 +149,12 @@ class Front:
         if path.startswith("/v2/repository/"):
             _method(method, "POST")
             return await self.repository(receive, path)
+        m = SHARED_MEMORY.match(path)
+        if m is not None:
+            _method(method, "GET" if m["action"] == "status" else "POST")
+            if m["kind"] == "cuda":
+                return _cuda_shared_memory(m["region"], m["action"])
+            return await self.system_shared_memory(receive, m["region"], m["action"])
         for pattern, extension in NOT_YET:
             if pattern.match(path):
                 raise HttpError(501, f"the {extension} is not supported by shmserve's HTTP "
@@ -161,12 +163,10 @@ class Front:
         if m is None:
             raise HttpError(404, f"no such endpoint: {method} {path}")
         model, what = m["model"], m["what"]
-        version = None
-        if m["version"] is not None:
-            if not m["version"].isdigit():
-                raise HttpError(400, f"model '{model}': version '{m['version']}' is not a "
-                                     "non-negative integer")
-            version = int(m["version"]) or None  # 0 or none: the highest, as Triton
+        try:
+            version = parse_version(model, m["version"])
+        except ValueError as e:
+            raise HttpError(400, str(e)) from None
         if what == "/infer":
             _method(method, "POST")
             return await self.infer(scope, receive, model, version)
@@ -185,25 +185,48 @@ class Front:
                 return 200, _json(config_dict(parse_config(text, f"model '{model}'"))), {}
             return 200, _json(await self.metadata(model, version)), {}
         except errors.ModelNotFoundError:
-            raise HttpError(404, _not_found_message(model, version)) from None
+            raise HttpError(404, not_found_message(model, version)) from None
+
+    async def system_shared_memory(self, receive, region, action: str):
+        """Triton's system shared memory extension: status, register, unregister."""
+        if action == "status":
+            return 200, _json(await self.control(self.shm.status, region)), {}
+        if action == "unregister":
+            await self.control(self.shm.unregister, region)
+            return 200, b"", {}
+        if region is None:
+            raise HttpError(400, "'region name' is necessary to register system shared "
+                                 "memory region")
+        body = bytearray()
+        async for chunk in _body(receive):
+            body += chunk
+            if len(body) > MAX_REGISTER_BYTES:
+                raise HttpError(413, f"a register request's JSON is larger than "
+                                     f"{MAX_REGISTER_BYTES} bytes")
+        request = codec.parse_header(bytes(body))
+        for field in ("key", "byte_size"):
+            if field not in request:
+                raise HttpError(400, f"Shared memory register request has no '{field}' field")
+        key, offset, size = request["key"], request.get("offset", 0), request["byte_size"]
+        if not isinstance(key, str):
+            raise HttpError(400, "Unable to parse 'key': expected a string")
+        for field, value in (("offset", offset), ("byte_size", size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise HttpError(400, f"Unable to parse '{field}': expected a non-negative "
+                                     f"integer, got {value!r}")
+        await self.control(self.shm.register, region, key, offset, size)
+        return 200, b"", {}
 
     async def metadata(self, model: str, version) -> dict:
         meta = await self.control(self.client.model_metadata, model, version)
-        if version is None:
-            versions = sorted(m["version"] for m in await self.control(self.client.models)
-                              if m["name"] == model)
-        else:
-            versions = [meta["version"]]
-        return {"name": meta["name"], "versions": [str(v) for v in versions],
-                "platform": meta["platform"],
-                "inputs": [{k: t[k] for k in ("name", "datatype", "shape")} for t in meta["inputs"]],
-                "outputs": [{k: t[k] for k in ("name", "datatype", "shape")} for t in meta["outputs"]]}
+        models = None if version is not None else await self.control(self.client.models)
+        return model_metadata(meta, models)
 
     async def stats(self, model, version) -> bytes:
         try:
             stats = await self.control(self.client.statistics, model, version)
         except errors.ModelNotFoundError:
-            raise HttpError(404, _not_found_message(model, version)) from None
+            raise HttpError(404, not_found_message(model, version)) from None
         return _json({"model_stats": [triton_only(s) for s in stats]})
 
     async def infer(self, scope, receive, model: str, version):
@@ -257,15 +280,30 @@ class Front:
             filler.feed(chunk)
         filler.close()
         names, binary = codec.wanted_outputs(header)
+        shm_out = codec.shm_outputs(header)
+        shm_in = [t for t in inputs if t.shm is not None]
+        targets = {}
+        if shm_in or shm_out:
+            if self.shm.needs_refresh():
+                await self.control(self.shm.refresh)
+            for t in shm_in:
+                t.value = self.shm.read_input(*t.shm, name=t.name, datatype=t.datatype,
+                                              dtype=t.dtype, shape=t.shape, model=model,
+                                              empty=self.client.empty)
+            targets = {name: self.shm.output_target(*spec) for name, spec in shm_out.items()}
         arrays = {t.name: t.finish() for t in inputs}
         async with self.in_flight:
             try:
                 result = await self.client.infer_async(model, arrays, names, version)
             except errors.ModelNotFoundError:
-                raise HttpError(404, _not_found_message(model, version)) from None
+                raise HttpError(404, not_found_message(model, version)) from None
         datatypes = {t["name"]: t["datatype"] for t in
                      self.client.engine.plan(model, version).meta["outputs"]}
-        parts, json_len = codec.encode_response(result, datatypes, binary, header.get("id"))
+        in_shm = {name: (shm_out[name][0],
+                         self.shm.write_output(target, name, result[name], datatypes[name]))
+                  for name, target in targets.items() if name in result}
+        parts, json_len = codec.encode_response(result, datatypes, binary, header.get("id"),
+                                                in_shm)
         if json_len is None:
             return 200, parts[0], {}
         return 200, parts, {b"content-type": b"application/octet-stream",
@@ -296,6 +334,21 @@ async def _inflate(chunks, encoding: str):
         raise codec.BadRequest(f"the body is not valid {encoding} data: {e}") from None
     if tail:
         yield tail
+
+
+def _cuda_shared_memory(region, action: str):
+    """CUDA shared memory needs a GPU build: a registration is refused by name; status
+    lists nothing and unregistering succeeds, as Triton without GPUs answers (tools such
+    as perf_analyzer unregister both kinds of region before they start)."""
+    if action == "register" and region is None:
+        raise HttpError(400, "'region name' is necessary to register cuda shared memory region")
+    if action == "register":
+        raise HttpError(400, f"failed to register CUDA shared memory region: '{region}', GPUs "
+                             "not supported: CUDA shared memory needs a GPU build of shmserve "
+                             "(this one serves system shared memory only)")
+    if action == "status" and region is not None:
+        raise HttpError(404, f"Unable to find cuda shared memory region: '{region}'")
+    return 200, (_json([]) if action == "status" else b""), {}
 
 
 def _method(method: str, allowed: str) -> None:

@@ -140,10 +140,35 @@ class RepositoryIndex(Message):
     ready: bool = False  # only the READY versions
 
 
+@dataclasses.dataclass
+class ShmRegister(Message):
+    """Triton's system shared memory extension: registers `byte_size` bytes at `offset`
+    of the POSIX shared memory object `key` (/dev/shm/<key>) as region `name`, for
+    every front of the server (shmserve/server/system_shm.py)."""
+    OP: ClassVar[str] = "shm_register"
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+@dataclasses.dataclass
+class ShmStatus(Message):
+    """The registered system shared memory regions (all, or the one named)."""
+    OP: ClassVar[str] = "shm_status"
+    name: str | None = None  # None: every region; an unknown name: NOT_FOUND
+
+
+@dataclasses.dataclass
+class ShmUnregister(Message):
+    OP: ClassVar[str] = "shm_unregister"
+    name: str | None = None  # None: every region; an unknown name is no error (Triton)
+
+
 REQUESTS: dict[str, type[Message]] = {c.OP: c for c in (Hello, ListModels, GetMetadata,
-                                                         GetConfig, GetStats, GetStatus,
-                                                         LoadModel, UnloadModel,
-                                                         RepositoryIndex)}
+                                                         GetConfig, GetStats, GetStatus)}
+REQUESTS.update({c.OP: c for c in (ShmRegister, ShmStatus, ShmUnregister)})
+REQUESTS.update({c.OP: c for c in (LoadModel, UnloadModel, RepositoryIndex)})
 OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS, OP_STATUS = (
     Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP, GetStatus.OP)
 
@@ -225,9 +250,22 @@ class ErrorReply(Message):
         return wire if self.type is None else {**wire, "type": self.type}
 
 
+@dataclasses.dataclass
+class ShmRegions(Message):
+    """The answer to every system shared memory request: the regions registered after
+    it (those asked for), and the registry's generation, which changes with every
+    registration and unregistration. A front maps a region through `path` (the
+    coordinator's descriptor of it, /proc/<pid>/fd/<n>) and checks that it opened the
+    file (`dev`, `ino`) the coordinator registered."""
+    regions: list  # [{name, key, offset, byte_size, path, dev, ino}]
+    generation: int
+    generation_path: str  # the page whose first u64 is the generation (fronts map it)
+
+
 REPLIES: dict[type[Message], type[Message]] = {
     Hello: HelloReply, ListModels: ModelList, GetMetadata: ModelMetadata,
     GetConfig: ModelConfig, GetStats: StatsReply, GetStatus: StatusReply,
+    ShmRegister: ShmRegions, ShmStatus: ShmRegions, ShmUnregister: ShmRegions,
     LoadModel: Done, UnloadModel: Done, RepositoryIndex: IndexReply}
 
 

@@ -244,6 +244,8 @@ class ControlPlane:
             return P.StatsReply(self.statistics(msg.model, msg.version, msg.histograms))
         if isinstance(msg, P.GetStatus):
             return P.StatusReply(self.server_status(histograms=True))
+        if isinstance(msg, (P.ShmRegister, P.ShmStatus, P.ShmUnregister)):
+            return self.system_shm.handle(msg)  # system_shm.py: the fronts' shared registry
         raise ShmServeError(f"control operation {msg.OP!r} is not served", P.Status.INVALID_ARG)
 
     async def on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):

@@ -26,6 +26,7 @@ from .models import ModelControl, ModelTable, version_fingerprint
 from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
                          problems_message, scan_repository)
 from .supervisor import Child, Supervisor, describe_exit
+from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
                        init_control, new_prefix, read_record, record_path, remove_segments,
@@ -72,6 +73,17 @@ class ServeOptions:
     http_port: int | None = None  # KServe v2 HTTP front (shmserve/front/); off unless given
     http_address: str = "127.0.0.1"
     http_thread_count: int = 1  # front processes sharing the port (SO_REUSEPORT)
+    grpc_port: int | None = None  # KServe v2 gRPC front (shmserve/front/grpc.py); off unless given
+    grpc_address: str = "127.0.0.1"
+    grpc_infer_thread_count: int = 1  # gRPC front processes sharing the port
+    grpc_options: dict = dataclasses.field(default_factory=dict)  # keep-alive, compression
+
+    def fronts(self) -> list[tuple[str, str, int, int]]:
+        """(protocol, address, port, process count) of each network front served."""
+        return [(protocol, address, port, count) for protocol, address, port, count in
+                (("http", self.http_address, self.http_port, self.http_thread_count),
+                 ("grpc", self.grpc_address, self.grpc_port, self.grpc_infer_thread_count))
+                if port is not None]
     model_control_mode: str = "none"  # Triton's: none, explicit or poll (models.py)
     load_model: list = dataclasses.field(default_factory=list)  # --load-model (explicit); "*": all
     repository_poll_secs: float = 15.0  # poll mode's rescan period (Triton's default)
@@ -131,7 +143,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.ring_capacity = 0
         self.stopping = False
         self.traces = None  # tracing.TraceSink while --trace-config traces
-        self.http_claim: socket.socket | None = None  # --http-port, bound before the start
+        self.port_claims: list[socket.socket] = []  # --http-port/--grpc-port, bound before the start
+        self.system_shm = SystemShmRegistry()  # regions registered through the fronts
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
@@ -156,19 +169,21 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.sock_path.unlink(missing_ok=True)
         self.owns_name = True
 
-    def claim_http_port(self) -> None:
-        """Binds --http-port (SO_REUSEPORT, never listening: it gets no connection) so
-        that a port taken by another program stops the start at once, naming it."""
-        o = self.opts
-        family = socket.AF_INET6 if ":" in o.http_address else socket.AF_INET
-        self.http_claim = socket.socket(family, socket.SOCK_STREAM)
-        self.http_claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.http_claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            self.http_claim.bind((o.http_address, o.http_port))
-        except OSError as e:
-            raise ConfigError(f"--http-port {o.http_port} (--http-address {o.http_address}): "
-                              f"{e.strerror or e}") from None
+    def claim_ports(self) -> None:
+        """Binds each front's port (SO_REUSEPORT, never listening: it gets no
+        connection) so that a port taken by another program stops the start at once,
+        naming it."""
+        for protocol, address, port, _ in self.opts.fronts():
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            claim = socket.socket(family, socket.SOCK_STREAM)
+            self.port_claims.append(claim)
+            claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            claim.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            try:
+                claim.bind((address, port))
+            except OSError as e:
+                raise ConfigError(f"--{protocol}-port {port} (--{protocol}-address {address}): "
+                                  f"{e.strerror or e}") from None
 
     def create_segments(self) -> None:
         o = self.opts
@@ -242,6 +257,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 self.traces.close()
             except Exception as e:  # the segments below must go whatever happened here
                 log.error("traces: could not finish: %s", e)
+        self.system_shm.close()
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
@@ -257,8 +273,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
             rec = read_record(self.opts.name)
             if rec and rec.get("pid") == os.getpid():
                 record_path(self.opts.name).unlink(missing_ok=True)
-        if self.http_claim is not None:
-            self.http_claim.close()
+        for claim in self.port_claims:
+            claim.close()
         if self.owns_name:
             log.info("server stopped: '%s', segments removed", self.opts.name)
 
@@ -311,8 +327,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         if self.gid is not None:
             share_with_group(self.sock_path, self.gid, 0o660)
             log.info("clients of group %s (gid %d) are allowed", self.opts.group, self.gid)
-        if self.opts.http_port is not None:
-            await self.start_fronts()
+        for protocol, address, port, count in self.opts.fronts():
+            await self.start_fronts(protocol, address, port, count)
         self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
         ready = sum(e.state == "READY" for e in self.table.all())
         total = len(self.table.all()) + len(self.table.all_problems())
@@ -428,8 +444,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
-        if opts.http_port is not None:
-            coord.claim_http_port()
+        coord.claim_ports()
         if opts.model_control_mode not in ("none", "explicit", "poll"):
             raise ConfigError(f"--model-control-mode {opts.model_control_mode!r}: one of none, "
                               "explicit, poll")

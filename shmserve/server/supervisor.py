@@ -23,12 +23,13 @@ from ..errors import ConfigError
 from ..protocol import LAYOUT as L
 
 log = logging.getLogger("shmserve.coordinator")
+FRONT_NAMES = {"http": "HTTP", "grpc": "gRPC"}  # boot "protocol" -> shmserve/front/<protocol>.py
 CRASH_LOOP = (5, 60.0)  # a worker that exits this many times in this many seconds is retired
 
 
 @dataclasses.dataclass
 class Child:
-    role: str  # "batcher", "worker" or "front" (shmserve/front/http.py)
+    role: str  # "batcher", "worker" or "front" (shmserve/front/http.py or grpc.py)
     boot: dict
     proc: subprocess.Popen | None = None
     restarts: int = 0
@@ -42,7 +43,7 @@ class Child:
         """What the log names it by: its model instance (a worker) and its pid."""
         pid = f"pid {self.proc.pid}" if self.proc else "not running"
         if self.role == "front":
-            return f"HTTP front {self.boot['index']}, {pid}"
+            return f"{FRONT_NAMES[self.boot['protocol']]} front {self.boot['index']}, {pid}"
         if self.role != "worker":
             return pid
         m = self.boot["model"]
@@ -50,6 +51,18 @@ class Child:
         where = f" on GPU {device}" if device >= 0 else ""
         return (f"model '{m['name']}' version {m['version']} instance {self.boot['instance']}"
                 f"{where}, {pid}")
+
+
+def _trace_settings(trace) -> dict:
+    """--trace-config as Triton's trace settings (TraceSetting RPC: each a list of strings)."""
+    if trace is None:
+        return {"trace_level": ["OFF"]}
+    out = {"trace_level": [trace.level], "trace_rate": [str(trace.rate)],
+           "trace_count": [str(trace.count)], "trace_mode": [trace.mode],
+           "log_frequency": [str(trace.log_frequency)]}
+    if trace.file is not None:
+        out["trace_file"] = [trace.file]
+    return out
 
 
 def describe_exit(code: int) -> str:
@@ -84,7 +97,8 @@ class Supervisor:
         # A worker's trace pipe (boot "trace") stays open here for its restarts.
         shared = (boot["trace"]["fd"],) if "trace" in boot else ()
         try:
-            module = "shmserve.front.http" if child.role == "front" else f"shmserve.server.{child.role}"
+            module = (f"shmserve.front.{boot['protocol']}" if child.role == "front"
+                      else f"shmserve.server.{child.role}")
             child.proc = subprocess.Popen(
                 [sys.executable, "-m", module], stdin=subprocess.PIPE,
                 stdout=sys.stderr.fileno(), pass_fds=keep + shared,
@@ -160,15 +174,18 @@ class Supervisor:
                          e.loaded_s)
             self.server.ops.store32(self.layout.model(e.index) + L["model.ready"], int(ready))
 
-    async def start_fronts(self) -> None:
-        """Starts the HTTP fronts (--http-thread-count of them) once the control
-        socket accepts their leases; waits until each listens, or says why not."""
+    async def start_fronts(self, protocol: str, address: str, port: int, count: int) -> None:
+        """Starts `count` fronts of a protocol (shmserve/front/<protocol>.py) once the
+        control socket accepts their leases; waits until each listens, or says why not."""
         o = self.opts
+        name = FRONT_NAMES[protocol]
         arena = min(max(o.default_arena_bytes, 256 << 20), o.max_arena_bytes)
         deadline = time.monotonic() + o.load_timeout_s
+        extra = {"grpc_options": o.grpc_options, "trace_settings": _trace_settings(o.trace)} \
+            if protocol == "grpc" else {}
         fronts = [Child("front", self.boot_message(
-            index=i, address=o.http_address, port=o.http_port, arena_bytes=arena))
-            for i in range(o.http_thread_count)]
+            index=i, protocol=protocol, address=address, port=port, arena_bytes=arena, **extra))
+            for i in range(count)]
         loop = asyncio.get_running_loop()
         for child in fronts:
             self.spawn(child, handshake=True)
@@ -178,10 +195,10 @@ class Supervisor:
             child.handshake.close()
             child.handshake = None
             if not msg.get("ready"):
-                raise ConfigError(f"HTTP front {child.boot['index']} did not start: "
+                raise ConfigError(f"{name} front {child.boot['index']} did not start: "
                                   f"{msg.get('error') or describe_exit(child.proc.wait())}")
-        log.info("HTTP service on http://%s:%d (%d front process%s)", o.http_address,
-                 o.http_port, len(fronts), "es" * (len(fronts) != 1))
+        log.info("%s service on %s://%s:%d (%d front process%s)", name, protocol, address,
+                 port, len(fronts), "es" * (len(fronts) != 1))
 
     async def supervise(self, stop: asyncio.Event) -> None:
         """Restarts children that exit, with a backoff that grows with their recent

@@ -1,0 +1,658 @@
+"""The gRPC front (`shmserve serve --grpc-port`): Triton's `inference.GRPCInferenceService`
+(KServe v2 over gRPC) from the protos tritonclient ships, for tritonclient.grpc,
+perf_analyzer and other callers that are not on this machine's shared memory.
+
+    python -m shmserve.front.grpc   (started by the coordinator; boot message on stdin)
+
+Like the HTTP front (http.py) a front is one process and one client lease of the
+engine, on grpcio's asyncio server; several fronts (--grpc-infer-thread-count) bind
+the port with SO_REUSEPORT (grpcio's default) and the kernel spreads connections over
+them. Tensors are checked by codec.py, as the HTTP front's are; raw input contents go
+from the message into the arena in one copy (the engine's), outputs go from the arena
+into the serialized answer in one copy (encode_response writes the raw output contents'
+wire format itself, rather than three copies through a protobuf message). Errors carry Triton's status codes and words; a ModelStreamInfer
+request that fails is answered on the stream with its error_message, as Triton does.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2 as pb, service_pb2_grpc as pb_grpc
+
+from .. import __version__, errors
+from .. import protocol as P
+from ..client import Client
+from ..server.statistics import triton_only
+from . import codec
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
+    parse_version, server_ready
+from .shm import SystemSharedMemory
+
+log = logging.getLogger("shmserve.front")
+
+_CODES = {P.Status.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT,
+          P.Status.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+          P.Status.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+          P.Status.BUSY: grpc.StatusCode.UNAVAILABLE,
+          P.Status.SERVER_DEAD: grpc.StatusCode.UNAVAILABLE,
+          P.Status.TIMEOUT: grpc.StatusCode.UNAVAILABLE}
+# InferTensorContents' field for each datatype; FP16 and BF16 have none (raw only).
+CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+            "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+            "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+            "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+# RPCs of extensions shmserve does not serve yet: UNIMPLEMENTED, naming them.
+NOT_YET: dict[str, str] = {}
+LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
+
+# LogSettings: Triton's setting -> (the LogOptions field in the boot message, the
+# SettingValue field it travels in).
+LOG_SETTINGS = {"log_file": ("file", "string_param"), "log_info": ("info", "bool_param"),
+                "log_warning": ("warning", "bool_param"), "log_error": ("error", "bool_param"),
+                "log_verbose_level": ("verbose", "uint32_param"),
+                "log_format": ("format", "string_param")}
+LOG_FLAGS = {"log_file": "--log-file", "log_info": "--log-info", "log_warning": "--log-warning",
+             "log_error": "--log-error", "log_verbose_level": "--log-verbose",
+             "log_format": "--log-format"}
+
+
+# Field numbers of what encode_response writes itself (service.proto).
+RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+STREAM_INFER_RESPONSE = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, data) -> list:
+    """A length-delimited protobuf field: key, length, then `data` (not copied here)."""
+    return [_varint(number << 3 | 2) + _varint(len(data)), data]
+
+
+def encode_response(result, datatypes: dict, request_id: str, in_shm: dict | None = None) -> bytes:
+    """A serialized ModelInferResponse: its small fields through protobuf, then each
+    output's raw_output_contents appended as wire-format fields straight from the
+    arena (a parser merges repeated fields wherever they stand): one copy. An output
+    written to shared memory (in_shm: {name: (region, bytes written)}) names its
+    region and size in its parameters and has empty raw contents (tritonclient finds
+    each output's raw contents by position)."""
+    head = pb.ModelInferResponse(model_name=result.model_name,
+                                 model_version=str(result.model_version), id=request_id)
+    parts = [None]
+    for name in result:
+        arr = result[name]
+        out = head.outputs.add(name=name, datatype=datatypes[name], shape=arr.shape)
+        if in_shm and name in in_shm:
+            region, nbytes = in_shm[name]
+            out.parameters["shared_memory_region"].string_param = region
+            out.parameters["shared_memory_byte_size"].int64_param = nbytes
+            parts += _field(RAW_OUTPUT_CONTENTS, b"")
+            continue
+        data = P.encode_bytes(arr) if datatypes[name] == "BYTES" else \
+            memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
+        parts += _field(RAW_OUTPUT_CONTENTS, data)
+    parts[0] = head.SerializeToString()
+    return b"".join(parts)
+
+
+class GrpcError(Exception):
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _error(e: Exception) -> GrpcError:
+    """Any failure of a request as the status Triton gives it."""
+    if isinstance(e, GrpcError):
+        return e
+    if isinstance(e, codec.Unsupported):
+        return GrpcError(grpc.StatusCode.UNIMPLEMENTED, str(e))
+    if isinstance(e, codec.BadRequest):
+        return GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+    if isinstance(e, errors.ShmServeError):
+        return GrpcError(_CODES.get(e.code, grpc.StatusCode.INTERNAL), e.msg)
+    log.exception("gRPC request failed")  # a bug here: answered, logged, the front goes on
+    return GrpcError(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
+
+
+def _parameters(params) -> dict:
+    """A protobuf map of InferParameter as {key: value} (codec checks the keys)."""
+    return {k: getattr(v, v.WhichOneof("parameter_choice") or "string_param")
+            for k, v in params.items()}
+
+
+def _version(model: str, text: str) -> int | None:
+    try:
+        return parse_version(model, text)
+    except ValueError as e:
+        raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+
+
+def _typed_input(t, shape: tuple, dtype: np.dtype, where: str) -> np.ndarray:
+    """An input given in InferTensorContents: the datatype's field only, with exactly
+    the elements its shape holds, each in its type's range."""
+    field = CONTENTS.get(t.datatype)
+    given = [f.name for f, _ in t.contents.ListFields()]
+    if field is None:
+        raise codec.BadRequest(f"{where}: {t.datatype} has no typed contents field; send it "
+                               "in raw_input_contents")
+    stray = [name for name in given if name != field]
+    if stray:
+        raise codec.BadRequest(f"{where}: contents.{stray[0]} given for a {t.datatype} tensor "
+                               f"(it goes in contents.{field})")
+    values = getattr(t.contents, field)
+    count = int(np.prod(shape))
+    if len(values) != count:
+        raise codec.BadRequest(f"{where}: shape {list(shape)} needs {count} elements, "
+                               f"contents.{field} has {len(values)}")
+    if t.datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+        return arr.reshape(shape)
+    wide = np.asarray(values)  # int32/uint32 for the narrow integer types
+    arr = wide.astype(dtype)
+    if dtype.kind in "iu" and wide.dtype != dtype and (arr != wide).any():
+        raise codec.BadRequest(f"{where}: contents.{field} holds values out of {t.datatype}'s range")
+    return arr.reshape(shape)
+
+
+def shm_inputs(request) -> dict:
+    """{input name: (region, offset, byte_size)} of the inputs read from shared memory."""
+    out = {}
+    for t in request.inputs:
+        params = _parameters(t.parameters)
+        codec.check_parameters(params, codec.SHM_PARAMETERS, f"input '{t.name}'", "gRPC")
+        spec = codec.shm_parameters(params, f"input '{t.name}'", t.name)
+        if spec is not None:
+            out[t.name] = spec
+    return out
+
+
+def shm_outputs(request) -> dict:
+    """{output name: (region, offset, byte_size)} of the outputs asked for in shared memory."""
+    out = {}
+    for o in request.outputs:
+        params = _parameters(o.parameters)
+        codec.check_parameters(params, codec.SHM_PARAMETERS, f"output '{o.name}'", "gRPC")
+        spec = codec.shm_parameters(params, f"output '{o.name}'", o.name)
+        if spec is not None:
+            out[o.name] = spec
+    return out
+
+
+def decode_inputs(request, in_shm: dict, read_shm=None) -> dict:
+    """The request's inputs as {name: array}, checked by codec like the HTTP front's;
+    raw contents are views of the message (the engine copies them into the arena). An
+    input in shared memory (in_shm, from shm_inputs) is read by read_shm(name, spec,
+    datatype, dtype, shape); raw contents then belong, in order, to the other inputs."""
+    raw = request.raw_input_contents
+    if not request.inputs:
+        raise codec.BadRequest("request has no inputs")
+    in_message = len(request.inputs) - len(in_shm)
+    if raw and len(raw) != in_message:
+        raise codec.BadRequest(f"the request has {in_message} inputs outside shared memory and "
+                               f"{len(raw)} raw_input_contents: give one per such input, or none")
+    arrays = {}
+    k = 0  # the next raw_input_contents
+    for t in request.inputs:
+        where = f"input '{t.name}'"
+        if t.name in arrays:
+            raise codec.BadRequest(f"{where} is given twice")
+        shape, dtype = codec.tensor_type(list(t.shape), t.datatype, where)
+        if t.name in in_shm:
+            if t.HasField("contents"):
+                raise codec.BadRequest(f"{where}: has both contents and a shared memory region")
+            arrays[t.name] = read_shm(t.name, in_shm[t.name], t.datatype, dtype, shape)
+            continue
+        if raw:
+            if t.HasField("contents"):
+                raise codec.BadRequest(f"{where}: has both contents and raw_input_contents")
+            data = raw[k]
+            k += 1
+            if t.datatype == "BYTES":
+                try:
+                    arrays[t.name] = P.decode_bytes(data, shape)
+                except ValueError as e:
+                    raise codec.BadRequest(f"{where}: {e}") from None
+                continue
+            codec.check_size(len(data), shape, t.datatype, dtype,
+                             f"{where}: raw_input_contents holds {len(data)} bytes")
+            arrays[t.name] = np.frombuffer(data, dtype).reshape(shape)
+        elif t.HasField("contents"):
+            arrays[t.name] = _typed_input(t, shape, dtype, where)
+        else:
+            raise codec.BadRequest(f"{where}: has no data (neither contents nor "
+                                   "raw_input_contents)")
+    return arrays
+
+
+class Service(pb_grpc.GRPCInferenceServiceServicer):
+    """Triton's GRPCInferenceService over one lease of the engine."""
+
+    def __init__(self, client: Client, max_in_flight: int, trace: dict, log_options: dict):
+        self.client = client
+        # submit() waits (blocking) for a free slot: never ask for more than the lease holds
+        self.in_flight = asyncio.Semaphore(max_in_flight)
+        self.max_stream_in_flight = max_in_flight  # requests of one stream read ahead
+        self.trace = trace
+        self.log_options = log_options
+        self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
+
+    async def control(self, fn, *args, timeout: float = CONTROL_TIMEOUT_S):
+        """A control-plane call of the engine, in a thread, bounded in time."""
+        loop = asyncio.get_running_loop()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args), timeout)
+        except asyncio.TimeoutError:
+            raise GrpcError(grpc.StatusCode.UNAVAILABLE, "the server did not answer within "
+                                                         f"{timeout:g} s") from None
+
+    async def _answer(self, context, coro):
+        try:
+            return await coro
+        except Exception as e:
+            err = _error(e)
+            await context.abort(err.code, err.message)
+
+    # -- health and metadata ----------------------------------------------------------
+    async def ServerLive(self, request, context):
+        return await self._answer(context, self._live())
+
+    async def _live(self):
+        await self.control(self.client.models)  # the engine answers: live
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return await self._answer(context, self._ready())
+
+    async def _ready(self):
+        return pb.ServerReadyResponse(ready=server_ready(await self.control(self.client.models)))
+
+    async def ModelReady(self, request, context):
+        return await self._answer(context, self._model_ready(request))
+
+    async def _model_ready(self, request):
+        version = _version(request.name, request.version)
+        try:
+            meta = await self.control(self.client.model_metadata, request.name, version)
+        except errors.ModelNotFoundError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=meta["state"] == "READY")
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="shmserve", version=__version__,
+                                         extensions=EXTENSIONS)
+
+    async def ModelMetadata(self, request, context):
+        return await self._answer(context, self._metadata(request))
+
+    async def _metadata(self, request):
+        version = _version(request.name, request.version)
+        try:
+            meta = await self.control(self.client.model_metadata, request.name, version)
+            models = None if version is not None else await self.control(self.client.models)
+        except errors.ModelNotFoundError:
+            raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                            not_found_message(request.name, version)) from None
+        return json_format.ParseDict(model_metadata(meta, models), pb.ModelMetadataResponse())
+
+    async def ModelConfig(self, request, context):
+        return await self._answer(context, self._config(request))
+
+    async def _config(self, request):
+        from ..pb_utils.config import config_dict
+        from ..server.repository import parse_config
+
+        version = _version(request.name, request.version)
+        try:
+            text = await self.control(self.client.model_config, request.name, version)
+        except errors.ModelNotFoundError:
+            raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                            not_found_message(request.name, version)) from None
+        config = json_format.ParseDict(config_dict(parse_config(text, f"model '{request.name}'")),
+                                       model_config_pb2.ModelConfig())
+        return pb.ModelConfigResponse(config=config)
+
+    async def ModelStatistics(self, request, context):
+        return await self._answer(context, self._statistics(request))
+
+    async def _statistics(self, request):
+        model = request.name or None
+        version = _version(request.name, request.version) if model else None
+        try:
+            stats = await self.control(self.client.statistics, model, version)
+        except errors.ModelNotFoundError:
+            raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                            not_found_message(request.name, version)) from None
+        return json_format.ParseDict({"model_stats": [triton_only(s) for s in stats]},
+                                     pb.ModelStatisticsResponse())
+
+    # -- the model repository extension (--model-control-mode explicit) ----------------
+    async def RepositoryIndex(self, request, context):
+        return await self._answer(context, self._index(request))
+
+    async def _index(self, request):
+        rows = await self.control(self.client.get_model_repository_index, request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
+
+    async def RepositoryModelLoad(self, request, context):
+        return await self._answer(context, self._load(request))
+
+    async def _load(self, request):
+        files = sorted(k for k in request.parameters if k.startswith("file:"))
+        if files:
+            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"load of model '{request.model_name}': model files in the request "
+                            f"({', '.join(files)}) are not supported by shmserve; put them in "
+                            "the model repository")
+        config = (request.parameters["config"].string_param
+                  if "config" in request.parameters else None)
+        await self.control(self.client.load_model, request.model_name, config,
+                           timeout=LOAD_TIMEOUT_S)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        return await self._answer(context, self._unload(request))
+
+    async def _unload(self, request):
+        await self.control(self.client.unload_model, request.model_name,
+                           timeout=LOAD_TIMEOUT_S)
+        return pb.RepositoryModelUnloadResponse()
+
+    # -- inference ---------------------------------------------------------------------
+    async def ModelInfer(self, request, context):
+        return await self._answer(context, self.infer(request))
+
+    async def infer(self, request) -> bytes:
+        """The serialized ModelInferResponse (the method's serializer passes bytes on)."""
+        model = request.model_name
+        version = _version(model, request.model_version)
+        codec.check_parameters(_parameters(request.parameters), set(), "request", "gRPC")
+        in_shm, out_shm = shm_inputs(request), shm_outputs(request)
+        targets = {}
+        if in_shm or out_shm:
+            if self.shm.needs_refresh():
+                await self.control(self.shm.refresh)
+            targets = {name: self.shm.output_target(*spec) for name, spec in out_shm.items()}
+
+        def read_shm(name, spec, datatype, dtype, shape):
+            return self.shm.read_input(*spec, name=name, datatype=datatype, dtype=dtype,
+                                       shape=shape, model=model, empty=self.client.empty)
+
+        arrays = decode_inputs(request, in_shm, read_shm)
+        names = [o.name for o in request.outputs]
+        async with self.in_flight:
+            try:
+                result = await self.client.infer_async(model, arrays, names or None, version)
+            except errors.ModelNotFoundError:
+                raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                                not_found_message(model, version)) from None
+        try:
+            datatypes = {t["name"]: t["datatype"] for t in
+                         self.client.engine.plan(model, version).meta["outputs"]}
+            written = {name: (out_shm[name][0],
+                              self.shm.write_output(target, name, result[name], datatypes[name]))
+                       for name, target in targets.items() if name in result}
+            return encode_response(result, datatypes, request.id, written)
+        finally:
+            result.release()  # the arena's block is free as soon as the bytes are copied
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Each request is answered on the stream as soon as it is done (requests run
+        concurrently, as Triton's do); a failed one gets an error_message response
+        and the stream goes on."""
+        answers: asyncio.Queue = asyncio.Queue()
+        pending: set[asyncio.Task] = set()
+
+        async def one(request):
+            try:
+                answer = b"".join(_field(STREAM_INFER_RESPONSE, await self.infer(request)))
+            except Exception as e:
+                answer = pb.ModelStreamInferResponse(
+                    error_message=_error(e).message,
+                    infer_response=pb.ModelInferResponse(
+                        id=request.id, model_name=request.model_name,
+                        model_version=request.model_version))
+            await answers.put(answer)
+
+        async def read():
+            try:
+                async for request in request_iterator:
+                    if len(pending) >= self.max_stream_in_flight:  # the caller waits (flow control)
+                        await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
+                    task = asyncio.create_task(one(request))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                while pending:
+                    await asyncio.wait(set(pending))
+            finally:
+                await answers.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # raises what ended the reading (a broken stream)
+        finally:
+            reader.cancel()
+            for task in list(pending):
+                task.cancel()
+
+    # -- system shared memory (front/shm.py: one registry for every front) -------------
+    async def SystemSharedMemoryStatus(self, request, context):
+        return await self._answer(context, self._shm_status(request))
+
+    async def _shm_status(self, request):
+        rows = await self.control(self.shm.status, request.name or None)
+        answer = pb.SystemSharedMemoryStatusResponse()
+        for row in rows:
+            answer.regions[row["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                name=row["name"], key=row["key"], offset=row["offset"],
+                byte_size=row["byte_size"]))
+        return answer
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        return await self._answer(context, self._shm_register(request))
+
+    async def _shm_register(self, request):
+        if not request.name:
+            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT, "'region name' is necessary to "
+                                                              "register system shared memory region")
+        await self.control(self.shm.register, request.name, request.key, request.offset,
+                           request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        return await self._answer(context, self._shm_unregister(request))
+
+    async def _shm_unregister(self, request):
+        await self.control(self.shm.unregister, request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory needs a GPU build: as the HTTP front (http._cuda_shared_memory)
+    async def CudaSharedMemoryStatus(self, request, context):
+        if request.name:
+            await context.abort(grpc.StatusCode.NOT_FOUND, "Unable to find cuda shared memory "
+                                                           f"region: '{request.name}'")
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"failed to register CUDA shared memory region: '{request.name}', "
+                            "GPUs not supported: CUDA shared memory needs a GPU build of "
+                            "shmserve (this one serves system shared memory only)")
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # -- trace and log settings ------------------------------------------------------------
+    async def TraceSetting(self, request, context):
+        return await self._answer(context, self._trace_setting(request))
+
+    async def _trace_setting(self, request):
+        if request.model_name:
+            try:
+                await self.control(self.client.model_metadata, request.model_name, None)
+            except errors.ModelNotFoundError:
+                raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                                not_found_message(request.model_name, None)) from None
+        for key, value in request.settings.items():
+            if list(value.value) not in ([], self.trace.get(key, [])):
+                raise GrpcError(grpc.StatusCode.UNIMPLEMENTED,
+                                f"trace setting '{key}': shmserve cannot change it while it runs "
+                                f"(set it with --trace-config at start); it is "
+                                f"{self.trace.get(key, 'not set')}")
+        response = pb.TraceSettingResponse()
+        for key, values in self.trace.items():
+            response.settings[key].value.extend(values)
+        return response
+
+    async def LogSettings(self, request, context):
+        return await self._answer(context, self._log_settings(request))
+
+    async def _log_settings(self, request):
+        current = self.current_log_settings()
+        for key, value in request.settings.items():
+            if key not in LOG_SETTINGS:
+                raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"log setting '{key}' is unknown (one of "
+                                f"{', '.join(LOG_SETTINGS)})")
+            kind = value.WhichOneof("parameter_choice")
+            if kind != LOG_SETTINGS[key][1]:
+                raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"log setting '{key}' takes a {LOG_SETTINGS[key][1]}, not "
+                                f"{kind or 'nothing'}")
+            if getattr(value, kind) != current[key]:
+                raise GrpcError(grpc.StatusCode.UNIMPLEMENTED,
+                                f"log setting '{key}': shmserve cannot change it while it runs "
+                                f"(set it with {LOG_FLAGS[key]} at start); it is {current[key]!r}")
+        response = pb.LogSettingsResponse()
+        for key, value in current.items():
+            setattr(response.settings[key], LOG_SETTINGS[key][1], value)
+        return response
+
+    def current_log_settings(self) -> dict:
+        out = {}
+        for key, (field, _) in LOG_SETTINGS.items():
+            value = self.log_options.get(field)
+            out[key] = "" if value is None else value
+        return out
+
+
+def _unimplemented(rpc: str, extension: str):
+    async def handler(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{rpc}: shmserve does not implement the {extension} yet")
+    handler.__name__ = rpc
+    return handler
+
+
+for _rpc, _extension in NOT_YET.items():
+    setattr(Service, _rpc, _unimplemented(_rpc, _extension))
+
+
+def _serialize(message) -> bytes:
+    """Inference answers come serialized already (encode_response); the rest are messages."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_service(service: Service, server) -> None:
+    """service_pb2_grpc's registration, with _serialize as every method's serializer."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        kind = (grpc.stream_stream_rpc_method_handler if method.client_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[method.name] = kind(
+            getattr(service, method.name),
+            request_deserializer=getattr(pb, method.input_type.name).FromString,
+            response_serializer=_serialize)
+    name = "inference.GRPCInferenceService"
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
+
+
+def server_options(boot: dict) -> tuple[list, int]:
+    """grpcio's channel arguments for the front: a message may be as large as the
+    front's arena (no request can need more; larger ones are RESOURCE_EXHAUSTED),
+    Triton's keep-alive flags as given, and the response compression level."""
+    options = [("grpc.max_receive_message_length", boot["arena_bytes"]),
+               ("grpc.max_send_message_length", -1),
+               ("grpc.so_reuseport", 1)]
+    grpc_options = boot.get("grpc_options", {})
+    options += sorted(grpc_options.get("channel", {}).items())
+    level = grpc_options.get("compression_level", 0)
+    if level:  # grpc picks the algorithm among those the client accepts
+        options.append(("grpc.default_compression_level", level))
+    return options, level
+
+
+async def serve(boot: dict, client: Client) -> None:
+    from ..server.worker import report_load
+
+    options, _ = server_options(boot)
+    server = grpc.aio.server(options=options)
+    add_service(Service(client, boot["slots_per_client"], boot["trace_settings"], boot["log"]),
+                server)
+    address = boot["address"]
+    target = f"[{address}]:{boot['port']}" if ":" in address else f"{address}:{boot['port']}"
+    try:
+        bound = server.add_insecure_port(target)
+    except RuntimeError as e:
+        bound, why = 0, str(e)
+    else:
+        why = "grpc could not bind it"
+    if not bound:
+        report_load(boot, {"ready": False, "error": f"grpc {target}: {why}"})
+        log.error("gRPC front %d: grpc %s: %s", boot["index"], target, why)
+        raise SystemExit(3)
+    await server.start()
+    report_load(boot, {"ready": True})
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_stop():
+        # The coordinator's shutdown may signal again while this front stops; the
+        # loop's close would put the default (deadly) action back: ignored from now on.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop)
+    await stop.wait()
+    await server.stop(2)  # requests in flight get 2 s to finish, as the HTTP front's
+
+
+def main() -> None:
+    from ..server.maps import child_setup
+    from ..server.worker import report_load
+
+    boot = child_setup("front")
+    try:
+        client = Client(boot["server_name"], socket_path_=boot["socket"],
+                        arena_bytes=boot["arena_bytes"])
+    except errors.ShmServeError as e:
+        report_load(boot, {"ready": False, "error": e.msg})
+        log.error("gRPC front %d: %s", boot["index"], e.msg)
+        raise SystemExit(3)
+    try:
+        asyncio.run(serve(boot, client))
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
