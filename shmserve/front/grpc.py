@@ -286,7 +286,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         version = _version(request.name, request.version)
         try:
             meta = await self.control(self.client.model_metadata, request.name, version)
-        except errors.ModelNotFoundError:
+        except (errors.ModelNotFoundError, errors.UnavailableError):  # unknown, unloaded, broken
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=meta["state"] == "READY")
 

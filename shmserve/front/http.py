@@ -175,7 +175,10 @@ class Front:
             return 200, await self.stats(model, version), {}
         try:
             if what == "/ready":
-                meta = await self.control(self.client.model_metadata, model, version)
+                try:
+                    meta = await self.control(self.client.model_metadata, model, version)
+                except errors.UnavailableError:  # unloaded or broken: not ready, as Triton
+                    return 400, b"", {}
                 return (200 if meta["state"] == "READY" else 400), b"", {}
             if what == "/config":
                 from ..pb_utils.config import config_dict
