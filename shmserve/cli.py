@@ -184,6 +184,11 @@ def cmd_serve(args) -> int:
                             log_error=args.log_error, log_format=args.log_format,
                             log_file=args.log_file, group=args.group,
                             exit_on_error=args.exit_on_error,
+                            model_control_mode=args.model_control_mode,
+                            load_model=args.load_model,
+                            repository_poll_secs=args.repository_poll_secs,
+                            model_table_size=args.model_table_size,
+                            max_model_instances=args.max_model_instances,
                             strict_readiness=args.strict_readiness,
                             cuda_pools=dict(args.cuda_memory_pool_byte_size),
                             pinned_pool_bytes=args.pinned_memory_pool_byte_size,
@@ -290,6 +295,43 @@ def cmd_stats(args) -> int:
         print(json.dumps({"model_stats": [triton_only(s) for s in stats]}, indent=2))
     else:
         print(format_stats(stats))
+    return 0
+
+
+def cmd_load(args) -> int:
+    from . import protocol as P
+
+    _ask(args.name, P.LoadModel(args.model, args.config), timeout=args.timeout)
+    print(f"model '{args.model}' loaded")
+    return 0
+
+
+def cmd_unload(args) -> int:
+    from . import protocol as P
+
+    _ask(args.name, P.UnloadModel(args.model), timeout=args.timeout)
+    print(f"model '{args.model}' unloaded")
+    return 0
+
+
+def format_index(rows: list[dict]) -> str:
+    """The `shmserve index` table: Triton's repository index, one row per version."""
+    head = ["model", "version", "state", "reason"]
+    cells = [[r["name"], r["version"] or "-", r["state"] or "-", r["reason"]] for r in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(head)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+                     for row in [head] + cells)
+
+
+def cmd_index(args) -> int:
+    from . import protocol as P
+
+    (reply,) = _ask(args.name, P.RepositoryIndex(args.ready))
+    if args.json:  # Triton's POST /v2/repository/index answer
+        print(json.dumps([{k: v for k, v in r.items() if v != ""} for r in reply.models],
+                         indent=2))
+    else:
+        print(format_index(reply.models))
     return 0
 
 
@@ -603,6 +645,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="a model that cannot be loaded (broken config.pbtxt, missing model "
                         "file) stops the start, exit 2 (default true, Triton's); false: serve "
                         "the others and list it UNAVAILABLE with the reason")
+    s.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none",
+                   help="Triton's: none (default) loads the repository at start, load/unload "
+                        "refused; explicit: only --load-model models at start, then `shmserve "
+                        "load/unload`; poll: load everything, then pick up changes of the "
+                        "repository every --repository-poll-secs")
+    s.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="with --model-control-mode explicit: load this model at start "
+                        "(repeatable; '*' = every model)")
+    s.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="S",
+                   help="poll mode: seconds between scans of the repository (default 15)")
+    s.add_argument("--model-table-size", type=int, default=None, metavar="N",
+                   help="model versions the server can hold at once, reserved at start "
+                        "(explicit and poll: default twice the start's, at least 64; a "
+                        "reload holds old and new for a moment)")
+    s.add_argument("--max-model-instances", type=int, default=None, metavar="N",
+                   help="model instances (workers) at once, reserved at start (explicit and "
+                        "poll: default twice the start's, at least 128)")
     s.add_argument("--strict-readiness", type=_bool, default=True, nargs="?", const=True,
                    metavar="BOOL",
                    help="the server is ready (`shmserve health --ready`) only while every model "
@@ -667,6 +726,31 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--version", type=int, default=None, help="one version of --model")
     st.add_argument("--json", action="store_true", help="print the JSON response")
     st.set_defaults(fn=cmd_stats)
+
+    lo = sub.add_parser("load", help="load (or reload) a model: --model-control-mode explicit")
+    lo.add_argument("model")
+    lo.add_argument("--config", default=None, metavar="JSON",
+                    help="the model configuration as JSON, used instead of config.pbtxt "
+                         "(Triton's load API `config` parameter)")
+    lo.add_argument("--name", default=DEFAULT_NAME)
+    lo.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds to wait for the load (default 600)")
+    lo.set_defaults(fn=cmd_load)
+
+    un = sub.add_parser("unload", help="unload a model: its requests in flight finish, new "
+                        "ones are refused (--model-control-mode explicit)")
+    un.add_argument("model")
+    un.add_argument("--name", default=DEFAULT_NAME)
+    un.add_argument("--timeout", type=float, default=600.0,
+                    help="seconds to wait for the unload (default 600)")
+    un.set_defaults(fn=cmd_unload)
+
+    ix = sub.add_parser("index", help="Triton's repository index: every model of the "
+                        "repository, each version's state and reason")
+    ix.add_argument("--name", default=DEFAULT_NAME)
+    ix.add_argument("--ready", action="store_true", help="only the READY versions")
+    ix.add_argument("--json", action="store_true", help="print Triton's JSON answer")
+    ix.set_defaults(fn=cmd_index)
 
     ts = sub.add_parser("trace-summary", help="summarize trace files of --trace-config "
                         "(what Triton's trace_summary.py prints)")

@@ -105,10 +105,18 @@ def model_rows(now: dict, before: dict | None) -> list[ModelRow]:
     earlier = {}
     if before is not None and seconds > 0:  # a restarted server's uptime went back
         earlier = {(s["name"], s["version"]): s for s in before["models"]}
-    rows = [model_row(s, earlier.get((s["name"], s["version"])), seconds)
+    rows = [model_row(s, _same_load(s, earlier.get((s["name"], s["version"]))), seconds)
             for s in now["models"]]
     rows += [ModelRow(b["name"], str(b["version"] or "-"), b["state"]) for b in now["broken"]]
     return rows
+
+
+def _same_load(now: dict, before: dict | None) -> dict | None:
+    """The earlier sample of a model version, unless it was reloaded (or unloaded and
+    loaded) in between: its counters started again from zero."""
+    if before is None or now["execution_count"] < before["execution_count"]:
+        return None
+    return before
 
 
 # -- rendering -----------------------------------------------------------------------

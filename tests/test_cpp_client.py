@@ -196,3 +196,13 @@ def test_group_member_of_another_uid_is_served_and_others_are_refused(cpp_build,
         assert server.log(10**6).count("client connected: ") == 1  # only the group member's lease
     finally:
         shutil.rmtree(exe_dir, ignore_errors=True)
+
+
+def test_cpp_model_control(cpp_build, server_factory):
+    """load / unload / index through the C++ client; its stale handle after another
+    client's reload and after an unload gets the server's words."""
+    server = server_factory(models=("identity", "simple"),
+                            args=["--model-control-mode", "explicit", "--load-model", "simple"])
+    r = _run([cpp_build / "shmserve_cpp_tests", "control", "--socket", server.socket_path])
+    assert "control: 0 failures" in r.stdout, r.stdout
+

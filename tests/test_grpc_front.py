@@ -422,15 +422,17 @@ def test_trace_and_log_settings(front):
     assert e.status() == "StatusCode.INVALID_ARGUMENT" and "'log_colour' is unknown" in e.message()
 
 
-def test_extensions_not_built_are_unimplemented_by_name(front):
+def test_model_repository_outside_explicit_mode(front):
+    """The repository extension: the index answers; load and unload are refused as
+    Triton refuses them outside --model-control-mode explicit (tests/test_model_control.py
+    loads and unloads)."""
     _, client, _ = front
-    calls = [("RepositoryIndex", client.get_model_repository_index, ()),
-             ("RepositoryModelLoad", client.load_model, ("simple",)),
-             ("RepositoryModelUnload", client.unload_model, ("simple",))]
-    for rpc, call, args in calls:
-        e = rpc_error(call, *args)
-        assert e.status() == "StatusCode.UNIMPLEMENTED", (rpc, e)
-        assert e.message().startswith(f"{rpc}: shmserve does not implement the "), e.message()
+    index = {m.name: m for m in client.get_model_repository_index(as_json=False).models}
+    assert index["simple"].state == "READY" and index["simple"].version == "1"
+    for call in (client.load_model, client.unload_model):
+        e = rpc_error(call, "simple")
+        assert e.status() == "StatusCode.UNAVAILABLE", e
+        assert "explicit model load / unload is not allowed" in e.message(), e.message()
 
 
 def test_system_shared_memory(front):

@@ -264,11 +264,13 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
     status, reply = raw(port, "POST", infer, b"abc", {"Content-Encoding": "gzip"})
     assert status == 400 and "not valid gzip" in reply["error"]
     # Endpoints of extensions not served yet say so, by name.
-    for method, path, words in [("POST", "/v2/repository/index", "model repository"),
-                                ("GET", "/v2/trace/setting", "trace"),
+    for method, path, words in [("GET", "/v2/trace/setting", "trace"),
                                 ("GET", "/v2/logging", "logging")]:
         status, reply = raw(port, method, path)
         assert status == 501 and words in reply["error"], (path, reply)
+    # The repository extension: load and unload refused outside explicit mode, as Triton.
+    status, reply = raw(port, "POST", "/v2/repository/models/simple/load")
+    assert status == 503 and "load / unload is not allowed" in reply["error"], reply
     assert raw(port, "GET", "/v3/whatever")[0] == 404
     assert raw(port, "GET", "/v2/models/simple/infer")[0] == 405
     # A request's JSON, gzipped by hand, still works after all that.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
 import numpy as np
 
 from .. import errors
@@ -76,6 +77,34 @@ class Client:
         """The server at a glance, as `shmserve status` shows it: "models" (statistics
         with histograms), "clients", "ring_depth", "batcher", "uptime_s"."""
         return self.engine.call(P.GetStatus()).status
+
+    # -- model control (Triton's repository extension; --model-control-mode explicit)
+    def load_model(self, model: str, config: str | dict | None = None) -> None:
+        """Loads a model of the server's repository, or reloads it (new version
+        directories, an edited config.pbtxt) without losing a request. config: the
+        model configuration (JSON text or a dict), used instead of config.pbtxt.
+        Raises InvalidArgumentError naming each version that failed to load (the
+        version it would replace keeps serving)."""
+        if isinstance(config, dict):
+            config = json.dumps(config)
+        try:
+            self.engine.call(P.LoadModel(model, config))
+        finally:
+            self.engine.forget(model)
+
+    def unload_model(self, model: str) -> None:
+        """Unloads every version of a model: its requests in flight finish, new ones
+        are refused (UNAVAILABLE, naming the model); returns once its workers stopped."""
+        try:
+            self.engine.call(P.UnloadModel(model))
+        finally:
+            self.engine.forget(model)
+
+    def get_model_repository_index(self, ready: bool = False) -> list[dict]:
+        """Triton's repository index: [{name, version, state, reason}] for every model
+        of the repository (version and state "" for one never loaded); ready=True:
+        only the READY versions."""
+        return self.engine.call(P.RepositoryIndex(ready)).models
 
     # -- arena ------------------------------------------------------------------------
     def empty(self, shape, dtype=np.float32) -> np.ndarray:

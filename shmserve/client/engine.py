@@ -157,6 +157,16 @@ class Engine:
                 else:
                     self._core.plans.pop(m["name"], None)
 
+    def forget(self, name: str) -> None:
+        """Drops the plans of a model (loaded, unloaded or reloaded: its handle may
+        have changed); its next request resolves it again."""
+        with self._lock:
+            for key in [k for k in self._plans if k[0] == name]:
+                del self._plans[key]
+            for key in [k for k in self._core.plans if k == name
+                        or (isinstance(k, tuple) and k[0] == name)]:
+                del self._core.plans[key]
+
     def plan(self, name: str, version) -> Plan:
         key = (name, version_key(version))
         plan = self._plans.get(key)
@@ -216,6 +226,7 @@ class Engine:
         req.plan = plan = self.plan(model, version)
         req.copy, req.retried, req.future, req.options = copy, False, None, options
         req.block, req.block_bytes = block, block_bytes
+        req.call = (model, inputs, outputs, version)
         try:  # kept for a resend (OUTPUT_TOO_SMALL); the C path checked them already
             req.sources = sources(plan, inputs, self._locate)
             req.wanted = wanted(plan, outputs)
@@ -233,6 +244,7 @@ class Engine:
         req = Request()
         req.copy, req.retried, req.future = copy, False, concurrent.futures.Future()
         req.options = options
+        req.call = (model, inputs, outputs, version)
         sent = (self._core.send(self, req, model, inputs, outputs, version) if options is None
                 else self._core.send(self, req, model, inputs, outputs, version, options))
         if not sent:
@@ -258,7 +270,8 @@ class Engine:
         return offset if offset >= self._alloc.begin and offset % P.DATA_ALIGN == 0 else -1
 
     def start(self, model, inputs, outputs, version, copy: bool, with_future: bool,
-              options: tuple | None = None) -> Request:
+              options: tuple | None = None,
+              future: concurrent.futures.Future | None = None) -> Request:
         if self._closed:
             raise errors.ServerDeadError("client is closed")
         if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
@@ -268,7 +281,8 @@ class Engine:
         req.sources = sources(plan, inputs, self._locate)
         req.wanted = wanted(plan, outputs)
         req.copy, req.retried, req.block, req.options = copy, False, None, options
-        req.future = concurrent.futures.Future() if with_future else None
+        req.future = future or (concurrent.futures.Future() if with_future else None)
+        req.call = (model, inputs, outputs, version)
         self._prepare(req, None)
         try:
             self._send(req)
@@ -464,6 +478,10 @@ class Engine:
             return req
         if status != P.Status.OK:
             self._alloc.free(req.block, req.block_bytes)
+            if status == P.Status.UNAVAILABLE and P.STALE_MODEL_ID in message:
+                resent = self._resolve_again(req, message)
+                if resent is not None:
+                    return resent
             raise errors.from_status(status, message)
         owner = self._core.block(req.block, req.block_bytes)  # from here it holds the block
         try:
@@ -474,6 +492,24 @@ class Engine:
         if req.future is not None:
             req.future.set_result(result)
         return result
+
+    def _resolve_again(self, req: Request, message: str) -> Request | None:
+        """A request refused because its model handle went stale (docs/protocol.md,
+        "Model handles"): the server never ran it, so once the model was reloaded it
+        is sent again, once, to the model the name resolves to now. None: it is not
+        (unloaded, or already sent again); the caller raises the server's error."""
+        self.forget(req.plan.name)
+        call, req.call = getattr(req, "call", None), None
+        if call is None or "unloaded" in message.split(f"({P.STALE_MODEL_ID}", 1)[0]:
+            return None
+        model, inputs, outputs, version = call
+        try:
+            resent = self.start(model, inputs, outputs, version, req.copy,
+                                req.future is not None, req.options, future=req.future)
+        except errors.ShmServeError:
+            return None  # the name no longer resolves: the stale error says why
+        resent.call = None
+        return resent
 
     def _outputs(self, req: Request, owner, results: list, stamps: tuple) -> InferResult:
         """Output arrays as views of the request's block (`owner`, an ArenaBlock). The

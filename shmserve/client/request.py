@@ -42,7 +42,10 @@ class Request:
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
                  "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset",
-                 "string_id_offset")
+                 "string_id_offset",
+                 # (model, inputs, outputs, version) as the caller gave them, while the
+                 # request may be sent again to a model resolved again (reloaded)
+                 "call")
 
 
 def version_key(version) -> int | None:

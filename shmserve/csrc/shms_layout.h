@@ -70,6 +70,11 @@ using namespace shms_detail;
 #define SHMS_MAX_TENSORS 16         /* inputs per request, and outputs per request */
 #define SHMS_MAX_DIMS 8             /* rank of a tensor, batch dimension included */
 #define SHMS_ERROR_BYTES 256        /* NUL-terminated UTF-8 error message */
+/* A request's model_id: the entry's index in the low bits, its generation above. */
+#define SHMS_MODEL_INDEX_BITS 16
+#define SHMS_MODEL_INDEX_MASK ((1u << SHMS_MODEL_INDEX_BITS) - 1u)
+#define SHMS_MODEL_HANDLE(index, generation) \
+  (((uint32_t)(generation) << SHMS_MODEL_INDEX_BITS) | ((uint32_t)(index) & SHMS_MODEL_INDEX_MASK))
 #define SHMS_NAME_BYTES 64          /* NUL-terminated model / tensor / segment name */
 #define SHMS_MAX_BATCH_REQUESTS 256 /* requests in one batch handed to a worker */
 #define SHMS_DATA_ALIGN 64          /* tensor data offsets are multiples of this */
@@ -248,7 +253,8 @@ typedef struct shms_tensor_ref {
  * zeroes them, a client sets those it uses. A sequence's correlation id is either
  * numeric (sequence_id) or a string (sequence_id_offset/_bytes), never both. */
 typedef struct shms_request {
-  uint32_t model_id; /* index in the server's model table (from the control socket) */
+  uint32_t model_id; /* a handle (SHMS_MODEL_HANDLE) of the server's model table, from
+                      * the control socket; the batcher's copy holds the index alone */
   uint32_t n_inputs;
   uint32_t n_outputs; /* outputs wanted, 1..SHMS_MAX_TENSORS */
   uint32_t flags;     /* SHMS_REQUEST_SEQUENCE_START | _END; other bits 0 */
@@ -384,6 +390,10 @@ typedef struct shms_model_entry {
   uint32_t n_outputs;
   SHMS_ATOMIC(uint32_t) ready; /* 1 once every instance has loaded */
   uint32_t optional_inputs;    /* bit k: input k may be left out (config `optional: true`) */
+  /* Bumped by the coordinator each time this entry stops naming the model it named
+   * (unload, reload) and when it is given to another: a request's model_id is a handle,
+   * SHMS_MODEL_HANDLE(index, generation), and one of an older generation is refused. */
+  SHMS_ATOMIC(uint32_t) generation;
   SHMS_ATOMIC(uint32_t) answer_turn; /* preserve_ordering: the last batch ticket answered */
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
@@ -425,7 +435,9 @@ typedef struct shms_server_header {
   uint32_t slots_per_client;
   uint32_t n_models;
   uint32_t n_workers;
-  uint32_t reserved;
+  /* Coordinator: bumped after each change of the model table it tells the batcher of
+   * (a model added or withdrawn while serving); the batcher compares it once a loop. */
+  SHMS_ATOMIC(uint32_t) table_epoch;
   uint64_t clients_offset; /* shms_client_entry[max_clients] */
   uint64_t models_offset;  /* shms_model_entry[n_models] */
   uint64_t shadows_offset; /* shms_shadow[max_clients * slots_per_client] */
@@ -518,7 +530,8 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(model, shms_model_entry, name) F(model, shms_model_entry, version)                  \
   F(model, shms_model_entry, max_batch_size) F(model, shms_model_entry, n_inputs)       \
   F(model, shms_model_entry, n_outputs) F(model, shms_model_entry, ready)               \
-  F(model, shms_model_entry, optional_inputs) F(model, shms_model_entry, answer_turn)   \
+  F(model, shms_model_entry, optional_inputs) F(model, shms_model_entry, generation)   \
+  F(model, shms_model_entry, answer_turn)                                               \
   F(model, shms_model_entry, inputs) F(model, shms_model_entry, outputs)                \
   F(model, shms_model_entry, stats)                                                     \
   S(model_stats, shms_model_stats)                                                      \
@@ -547,6 +560,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(server, shms_server_header, max_clients)                                            \
   F(server, shms_server_header, slots_per_client)                                       \
   F(server, shms_server_header, n_models) F(server, shms_server_header, n_workers)      \
+  F(server, shms_server_header, table_epoch)                                            \
   F(server, shms_server_header, clients_offset)                                         \
   F(server, shms_server_header, models_offset)                                          \
   F(server, shms_server_header, shadows_offset)                                         \

@@ -215,12 +215,22 @@ static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
   sh->lease = lease;
   sh->batch_rows = 0;
   sh->sequence_slot = 0;
-  uint32_t model_id = sh->request.model_id;
+  uint32_t handle = sh->request.model_id;
+  uint32_t model_id = handle & SHMS_MODEL_INDEX_MASK;
   if (model_id >= n_models) {
-    snprintf(err, err_bytes, "request names an unknown model id %u", model_id);
+    snprintf(err, err_bytes, "request names an unknown model id %u", handle);
     return SHMS_ERR_NOT_FOUND;
   }
   const shms_model_entry *m = &models[model_id];
+  /* A handle resolved before the entry was withdrawn (unload, reload) or given to
+   * another model: refused, the shadow keeps the handle (the batcher words the error). */
+  if (handle >> SHMS_MODEL_INDEX_BITS !=
+      (shms_load(&m->generation, memory_order_acquire) & (UINT32_MAX >> SHMS_MODEL_INDEX_BITS))) {
+    snprintf(err, err_bytes, "stale model id %#x: its model was unloaded or reloaded; "
+             "resolve the model name again", handle);
+    return SHMS_ERR_UNAVAILABLE;
+  }
+  sh->request.model_id = model_id; /* from here on the server's copy names the entry */
   if (!shms_load(&m->ready, memory_order_acquire)) {
     snprintf(err, err_bytes, "model '%s' version %lld is not available (it failed to load; "
              "see `shmserve models`)", m->name, (long long)m->version);

@@ -3,7 +3,8 @@ model it does not serve, server readiness, a model's metadata."""
 from __future__ import annotations
 
 # The extensions the fronts serve, by Triton's names (GET /v2, ServerMetadata).
-EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "system_shared_memory"]
+EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "system_shared_memory",
+              "model_repository"]
 CONTROL_TIMEOUT_S = 10.0  # a control call not answered by then: 503/UNAVAILABLE, never a hang
 
 

@@ -47,9 +47,8 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
             "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
             "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
 # RPCs of extensions shmserve does not serve yet: UNIMPLEMENTED, naming them.
-NOT_YET = {"RepositoryIndex": "model repository extension",
-           "RepositoryModelLoad": "model repository extension",
-           "RepositoryModelUnload": "model repository extension"}
+NOT_YET: dict[str, str] = {}
+LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
 
 # LogSettings: Triton's setting -> (the LogOptions field in the boot message, the
 # SettingValue field it travels in).
@@ -250,15 +249,14 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self.log_options = log_options
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
 
-    async def control(self, fn, *args):
+    async def control(self, fn, *args, timeout: float = CONTROL_TIMEOUT_S):
         """A control-plane call of the engine, in a thread, bounded in time."""
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args),
-                                          CONTROL_TIMEOUT_S)
+            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args), timeout)
         except asyncio.TimeoutError:
             raise GrpcError(grpc.StatusCode.UNAVAILABLE, "the server did not answer within "
-                                                         f"{CONTROL_TIMEOUT_S:g} s") from None
+                                                         f"{timeout:g} s") from None
 
     async def _answer(self, context, coro):
         try:
@@ -288,7 +286,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         version = _version(request.name, request.version)
         try:
             meta = await self.control(self.client.model_metadata, request.name, version)
-        except errors.ModelNotFoundError:
+        except (errors.ModelNotFoundError, errors.UnavailableError):  # unknown, unloaded, broken
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=meta["state"] == "READY")
 
@@ -339,6 +337,39 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                             not_found_message(request.name, version)) from None
         return json_format.ParseDict({"model_stats": [triton_only(s) for s in stats]},
                                      pb.ModelStatisticsResponse())
+
+    # -- the model repository extension (--model-control-mode explicit) ----------------
+    async def RepositoryIndex(self, request, context):
+        return await self._answer(context, self._index(request))
+
+    async def _index(self, request):
+        rows = await self.control(self.client.get_model_repository_index, request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows])
+
+    async def RepositoryModelLoad(self, request, context):
+        return await self._answer(context, self._load(request))
+
+    async def _load(self, request):
+        files = sorted(k for k in request.parameters if k.startswith("file:"))
+        if files:
+            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"load of model '{request.model_name}': model files in the request "
+                            f"({', '.join(files)}) are not supported by shmserve; put them in "
+                            "the model repository")
+        config = (request.parameters["config"].string_param
+                  if "config" in request.parameters else None)
+        await self.control(self.client.load_model, request.model_name, config,
+                           timeout=LOAD_TIMEOUT_S)
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request, context):
+        return await self._answer(context, self._unload(request))
+
+    async def _unload(self, request):
+        await self.control(self.client.unload_model, request.model_name,
+                           timeout=LOAD_TIMEOUT_S)
+        return pb.RepositoryModelUnloadResponse()
 
     # -- inference ---------------------------------------------------------------------
     async def ModelInfer(self, request, context):

@@ -34,7 +34,6 @@ log = logging.getLogger("shmserve.front")
 
 # Triton's endpoints this front does not serve yet: answered 501, naming the extension.
 NOT_YET = [
-    (re.compile(r"^/v2/repository(/|$)"), "model repository extension"),
     (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting$"), "trace extension"),
     (re.compile(r"^/v2/logging$"), "logging extension"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$"), "generate extension"),
@@ -44,6 +43,8 @@ MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+)
 SHARED_MEMORY = re.compile(r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?"
                            r"/(?P<action>status|register|unregister)$")
 MAX_REGISTER_BYTES = 64 << 10  # a register request's JSON
+REPOSITORY = re.compile(r"^/v2/repository/models/(?P<model>[^/]+)/(?P<action>load|unload)$")
+LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
 MAX_HEADER_BYTES = 64 << 20  # the JSON part of a request (JSON tensors included)
 
 _STATUS = {P.Status.INVALID_ARG: 400, P.Status.NOT_FOUND: 404, P.Status.UNAVAILABLE: 503,
@@ -82,14 +83,51 @@ class Front:
             status, body, headers = 500, _error(f"internal error: {type(e).__name__}: {e}"), {}
         await _send(send, status, body, headers)
 
-    async def control(self, fn, *args):
+    async def control(self, fn, *args, timeout: float = CONTROL_TIMEOUT_S):
         """A control-plane call of the engine, in a thread, bounded in time."""
         loop = asyncio.get_running_loop()
         try:
-            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args),
-                                          CONTROL_TIMEOUT_S)
+            return await asyncio.wait_for(loop.run_in_executor(None, fn, *args), timeout)
         except asyncio.TimeoutError:
-            raise HttpError(503, f"the server did not answer within {CONTROL_TIMEOUT_S:g} s") from None
+            raise HttpError(503, f"the server did not answer within {timeout:g} s") from None
+
+    async def repository(self, receive, path: str):
+        """Triton's model repository extension: index, load (with
+        parameters.config), unload. Errors as Triton's: {"error": ...}."""
+        body = b"".join([chunk async for chunk in _body(receive)])
+        try:
+            request = json.loads(body) if body.strip() else {}
+        except ValueError as e:
+            raise codec.BadRequest(f"the request body is not JSON: {e}") from None
+        if not isinstance(request, dict):
+            raise codec.BadRequest("the request body must be a JSON object")
+        if path == "/v2/repository/index":
+            ready = request.get("ready", False)
+            if not isinstance(ready, bool):
+                raise codec.BadRequest("'ready' must be a boolean")
+            rows = await self.control(self.client.get_model_repository_index, ready)
+            return 200, _json([{k: v for k, v in r.items() if v != ""} for r in rows]), {}
+        m = REPOSITORY.match(path)
+        if m is None:
+            raise HttpError(404, f"no such endpoint: POST {path}")
+        params = request.get("parameters", {})
+        if not isinstance(params, dict):
+            raise codec.BadRequest("'parameters' must be a JSON object")
+        model = m["model"]
+        if m["action"] == "unload":
+            await self.control(self.client.unload_model, model, timeout=LOAD_TIMEOUT_S)
+            return 200, b"", {}
+        files = sorted(k for k in params if k.startswith("file:"))
+        if files:
+            raise HttpError(400, f"load of model '{model}': model files in the request "
+                                 f"({', '.join(files)}) are not supported by shmserve; put "
+                                 "them in the model repository")
+        config = params.get("config")
+        if config is not None and not isinstance(config, str):
+            raise codec.BadRequest("parameters 'config' must be a string holding the model "
+                                   "configuration as JSON")
+        await self.control(self.client.load_model, model, config, timeout=LOAD_TIMEOUT_S)
+        return 200, b"", {}
 
     async def route(self, scope, receive):
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
@@ -108,6 +146,9 @@ class Front:
         if path == "/v2/models/stats":
             _method(method, "GET")
             return 200, await self.stats(None, None), {}
+        if path.startswith("/v2/repository/"):
+            _method(method, "POST")
+            return await self.repository(receive, path)
         m = SHARED_MEMORY.match(path)
         if m is not None:
             _method(method, "GET" if m["action"] == "status" else "POST")
@@ -134,7 +175,10 @@ class Front:
             return 200, await self.stats(model, version), {}
         try:
             if what == "/ready":
-                meta = await self.control(self.client.model_metadata, model, version)
+                try:
+                    meta = await self.control(self.client.model_metadata, model, version)
+                except errors.UnavailableError:  # unloaded or broken: not ready, as Triton
+                    return 400, b"", {}
                 return (200 if meta["state"] == "READY" else 400), b"", {}
             if what == "/config":
                 from ..pb_utils.config import config_dict

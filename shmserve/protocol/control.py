@@ -15,6 +15,12 @@ import msgpack
 # A frame is a 4-byte big-endian length followed by one msgpack map. Requests carry
 # "op"; replies carry "ok" and either the answer's fields or "code", "error", "type".
 FRAME_HEADER = struct.Struct(">I")
+# A request whose model handle an unload or reload made stale is refused UNAVAILABLE
+# with a message that carries this (docs/protocol.md, "Model handles"): the model name
+# must be resolved again. Clients look for it to re-resolve.
+STALE_MODEL_ID = "stale model id"
+# Triton's refusal of load and unload outside --model-control-mode explicit.
+MODEL_CONTROL_DISABLED = "explicit model load / unload is not allowed if polling is enabled"
 MAX_FRAME_BYTES = 16 << 20
 
 
@@ -110,6 +116,31 @@ class GetStatus(Message):
 
 
 @dataclasses.dataclass
+class LoadModel(Message):
+    """Triton's repository extension, load: loads a model (every version its
+    version_policy selects), or reloads a loaded one. `config`: the model
+    configuration as JSON, used instead of config.pbtxt (Triton's `config`)."""
+    OP: ClassVar[str] = "load"
+    model: str
+    config: str | None = None
+
+
+@dataclasses.dataclass
+class UnloadModel(Message):
+    """Unloads every version of a model: requests it holds finish, new ones are
+    refused (UNAVAILABLE, naming the model), then its workers stop."""
+    OP: ClassVar[str] = "unload"
+    model: str
+
+
+@dataclasses.dataclass
+class RepositoryIndex(Message):
+    """Triton's repository index: every model of the repository and of the table."""
+    OP: ClassVar[str] = "index"
+    ready: bool = False  # only the READY versions
+
+
+@dataclasses.dataclass
 class ShmRegister(Message):
     """Triton's system shared memory extension: registers `byte_size` bytes at `offset`
     of the POSIX shared memory object `key` (/dev/shm/<key>) as region `name`, for
@@ -137,6 +168,7 @@ class ShmUnregister(Message):
 REQUESTS: dict[str, type[Message]] = {c.OP: c for c in (Hello, ListModels, GetMetadata,
                                                          GetConfig, GetStats, GetStatus)}
 REQUESTS.update({c.OP: c for c in (ShmRegister, ShmStatus, ShmUnregister)})
+REQUESTS.update({c.OP: c for c in (LoadModel, UnloadModel, RepositoryIndex)})
 OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS, OP_STATUS = (
     Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP, GetStatus.OP)
 
@@ -195,6 +227,16 @@ class StatusReply(Message):
 
 
 @dataclasses.dataclass
+class Done(Message):
+    """The answer of a control operation that answers nothing but its success."""
+
+
+@dataclasses.dataclass
+class IndexReply(Message):
+    models: list  # [{name, version, state, reason}], version "" and state "" if never loaded
+
+
+@dataclasses.dataclass
 class ErrorReply(Message):
     """A failed request: a status (protocol Status), the message, and the exception
     class name where it is finer than the status (ConfigError, ShmSpaceError...)."""
@@ -223,7 +265,8 @@ class ShmRegions(Message):
 REPLIES: dict[type[Message], type[Message]] = {
     Hello: HelloReply, ListModels: ModelList, GetMetadata: ModelMetadata,
     GetConfig: ModelConfig, GetStats: StatsReply, GetStatus: StatusReply,
-    ShmRegister: ShmRegions, ShmStatus: ShmRegions, ShmUnregister: ShmRegions}
+    ShmRegister: ShmRegions, ShmStatus: ShmRegions, ShmUnregister: ShmRegions,
+    LoadModel: Done, UnloadModel: Done, RepositoryIndex: IndexReply}
 
 
 class UnknownOperation(ValueError):

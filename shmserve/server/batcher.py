@@ -8,12 +8,15 @@ form to idle instance workers.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 
 from .._core import now_ns
 from ..protocol import LAYOUT, MAILBOX_RETIRED, Duration, FailureReason, MailboxState, Status, Timestamp
 from .intake import Intake
 from .maps import ServerMaps, child_setup
+from .models import DRAINED
 from .repository import ModelSpec
 from .scheduling import Pending, Rejection, Scheduler, make_scheduler
 
@@ -36,6 +39,7 @@ class Model:
     scheduler: Scheduler
     pending: int = 0  # queue length last written to the model's statistics
     pinned: bool = False  # sequence batching: each batch is for one named instance
+    draining: bool = False  # unloading: no new request; finish those queued, then go
     ticket: int = 0  # preserve_ordering: the last batch ticket handed out
 
 
@@ -44,18 +48,79 @@ class Batcher:
         self.maps = ServerMaps(boot)
         self.idle_check_ns = int(boot.get("idle_check_ms", IDLE_CHECK_MS) * 1_000_000)
         self.models: list[Model] = []
-        for model_id, d in enumerate(boot["models"]):
-            spec = ModelSpec.from_dict(d)
-            workers = [w for w, m in enumerate(boot["worker_models"]) if m == model_id]
-            scheduler = make_scheduler(spec)
-            model = Model(model_id, spec, workers, scheduler, pinned=scheduler.pinned)
-            if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
-                srv, layout = self.maps.srv, self.maps.layout
-                model.ticket = max([srv.load32(layout.model(model_id) + L["model.answer_turn"])]
-                                   + [srv.load64(layout.mailbox(w) + L["mailbox.ticket"])
-                                      & 0xFFFFFFFF for w in workers])
-            self.models.append(model)
-        self.intake = Intake(self.maps, [m.scheduler for m in self.models])
+        # By model table index, shared with intake: None where no model is.
+        self.schedulers: list[Scheduler | None] = [None] * self.maps.layout.n_models
+        self.intake = Intake(self.maps, self.schedulers, self.apply_table)
+        for m in boot["models"]:
+            self.add(m)
+        # Changes of the model table (models.py), one JSON line each, numbered by the
+        # epoch the coordinator stores in the server segment once the line is written.
+        self.epoch = boot.get("table_epoch", 0)
+        self.table = os.fdopen(boot["table_fd"], "r") if "table_fd" in boot else None
+        self.draining = sum(m.draining for m in self.models)
+
+    # -- the model table -----------------------------------------------------------------
+    def apply_table(self) -> None:
+        """Reads the table changes up to the epoch the coordinator announced."""
+        target = self.maps.srv.load32(L["server.table_epoch"])
+        while self.table is not None and self.epoch != target:
+            line = self.table.readline()
+            if not line:  # the coordinator is gone
+                self.table = None
+                return
+            change = json.loads(line)
+            self.epoch = change["epoch"]
+            op = change["op"]
+            if op == "add":
+                self.add(change)
+            elif op == "drain":
+                self.intake.stale.update({int(h): m for h, m in change["stale"].items()})
+                m = self.model(change["model_id"])
+                if m is not None and not m.draining:
+                    m.draining = True
+                    self.draining += 1
+            elif op == "drop":
+                m = self.model(change["model_id"])
+                if m is not None:
+                    self.fail_queue(m)  # an unload that outlasted --exit-timeout-secs
+                    self.remove(m)
+
+    def add(self, d: dict) -> None:
+        spec = ModelSpec.from_dict(d["spec"])
+        scheduler = make_scheduler(spec)
+        m = Model(d["model_id"], spec, list(d["workers"]), scheduler, pinned=scheduler.pinned,
+                  draining=d.get("draining", False))
+        if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
+            srv, layout = self.maps.srv, self.maps.layout
+            m.ticket = max([srv.load32(layout.model(m.model_id) + L["model.answer_turn"])]
+                           + [srv.load64(layout.mailbox(w) + L["mailbox.ticket"]) & 0xFFFFFFFF
+                              for w in m.workers])
+        self.models.append(m)
+        self.schedulers[m.model_id] = m.scheduler
+
+    def model(self, model_id: int) -> Model | None:
+        return next((m for m in self.models if m.model_id == model_id), None)
+
+    def remove(self, m: Model) -> None:
+        self.models.remove(m)
+        self.schedulers[m.model_id] = None
+        if m.draining:
+            self.draining -= 1
+
+    def finish_drains(self) -> None:
+        """An unloading model whose queue is empty and whose instances are idle is
+        done: the coordinator, which waits for this, stops its workers."""
+        srv, layout = self.maps.srv, self.maps.layout
+        for m in [m for m in self.models if m.draining and not len(m.scheduler)]:
+            busy = [layout.mailbox(w) for w in m.workers
+                    if srv.load32(layout.mailbox(w) + L["mailbox.state"]) != MailboxState.IDLE]
+            # SYNC POINT: as in dispatch(): a busy instance rings us when it goes idle.
+            for mb in busy:
+                srv.store32(mb + L["mailbox.batcher_waiting"], 1)
+            if all(srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE for mb in busy):
+                srv.set_pending(layout.model(m.model_id), 0)
+                srv.store32(layout.model(m.model_id) + L["model.ready"], DRAINED)
+                self.remove(m)
 
     # -- 3. hand batches to idle workers -------------------------------------------
     def dispatch(self) -> int | None:
@@ -121,14 +186,17 @@ class Batcher:
                     srv.store32(mb + L["mailbox.batcher_waiting"], 1)
                 if any(srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE for mb in busy):
                     deadline = now
+        if self.draining:
+            self.finish_drains()
         return deadline
 
     def fail_queue(self, m: Model) -> None:
         """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""
         for p in m.scheduler.drain():
             self.intake.reject(m.model_id, Rejection(
-                p, Status.UNAVAILABLE, f"model '{m.spec.name}' is not available (its workers "
-                "crash-looped; see `shmserve models`)", FailureReason.BACKEND))
+                p, Status.UNAVAILABLE, f"model '{m.spec.name}' is not available ("
+                + ("it was unloaded" if m.draining else "its workers crash-looped; see "
+                   "`shmserve models`") + ")", FailureReason.BACKEND))
 
     def hand_over(self, q: Model, worker: int, batch: list[Pending], now: int) -> None:
         # A request whose lease ended while queued has no arena any more (unmapped).
@@ -158,8 +226,12 @@ class Batcher:
         spin = self.maps.spin
         states = [self.maps.layout.mailbox(w) + L["mailbox.state"]
                   for w in range(self.maps.layout.n_workers)]
+        srv, epoch = self.maps.srv, L["server.table_epoch"]
         while True:
             seen = ctl.load32(bell)
+            # 0. models added or withdrawn while serving (one load when none was)
+            if srv.load32(epoch) != self.epoch:
+                self.apply_table()
             # 1. take every published request from the ring, into its model's scheduler
             intake.drain_ring()
             # 2. now and then (at once after ring damage): requests the ring lost

@@ -11,6 +11,7 @@ import os
 import socket
 import struct
 import time
+from pathlib import Path
 
 from .. import protocol as P
 from ..errors import ShmServeError, UnavailableError
@@ -88,11 +89,13 @@ class ControlPlane:
         broken (--exit-on-error=false), id -1, state "UNAVAILABLE: <reason>". The hello
         leaves those out: a client has no plan for them, so its request asks for the
         metadata and gets UnavailableError (find_model)."""
-        rows = [self.metadata(model_id) for model_id in range(len(self.specs))]
-        if broken and self.broken:
+        rows = [self.metadata(e) for e in self.table.served()]
+        problems = self.table.all_problems()
+        if broken and problems:
+            served = {(m.name, m.version) for m in rows}
             rows += [P.ModelMetadata(id=-1, name=p.name, version=p.version or 0, platform="",
                                      max_batch_size=0, inputs=[], outputs=[], state=p.state)
-                     for p in self.broken]
+                     for p in problems if (p.name, p.version or 0) not in served]
             rows.sort(key=lambda m: (m.name, m.version))
         return rows
 
@@ -102,29 +105,37 @@ class ControlPlane:
         included; without, ready as soon as it serves."""
         return not self.opts.strict_readiness or all(m.state == "READY" for m in rows)
 
-    def metadata(self, model_id: int) -> P.ModelMetadata:
-        return P.ModelMetadata(**self.specs[model_id].metadata(model_id),
-                               state=self.model_state.get(model_id, "LOADING"))
+    def metadata(self, entry) -> P.ModelMetadata:
+        """A model version's metadata; its id is the entry's handle (models.py)."""
+        return P.ModelMetadata(**entry.spec.metadata(entry.handle), state=entry.state)
 
-    def find_model(self, name: str, version) -> int:
-        matches = [i for i, s in enumerate(self.specs) if s.name == name]
-        for p in self.broken:  # a broken model (or version) is UNAVAILABLE, not unknown
-            if p.name == name and (p.version is None or p.version == version
-                                   or (not matches and version in (None, 0, -1))):
+    def find_model(self, name: str, version):
+        """The table entry (models.Entry) a model name and version resolve to."""
+        served = self.table.served()
+        matches = [e for e in served if e.name == name]
+        for p in self.table.problems.get(name, ()):  # broken: UNAVAILABLE, not unknown
+            if (p.version is None and not matches) or p.version == version or (
+                    not matches and version in (None, 0, -1)):
                 raise UnavailableError(f"model '{name}'"
                                        + ("" if p.version is None else f" version {p.version}")
                                        + f" is {p.state}")
         if not matches:
-            known = sorted({s.name for s in self.specs})
-            raise ShmServeError(f"unknown model '{name}' (serving: {', '.join(known)})",
+            known = sorted({e.name for e in served})
+            unloaded = (" was unloaded" if name in self.table.unloaded
+                        else " is not loaded" if self.opts.model_control_mode == "explicit"
+                        and (Path(self.opts.model_repository) / name).is_dir() else "")
+            if unloaded:
+                raise UnavailableError(f"model '{name}'{unloaded} (serving: "
+                                       f"{', '.join(known) or 'none'})")
+            raise ShmServeError(f"unknown model '{name}' (serving: {', '.join(known) or 'none'})",
                                 P.Status.NOT_FOUND)
         if version in (None, 0, -1):
-            return max(matches, key=lambda i: self.specs[i].version)
-        for i in matches:
-            if self.specs[i].version == int(version):
-                return i
+            return max(matches, key=lambda e: e.version)
+        for e in matches:
+            if e.version == int(version):
+                return e
         raise ShmServeError(f"model '{name}' has no version {version} "
-                            f"(available: {sorted(self.specs[i].version for i in matches)})",
+                            f"(available: {sorted(e.version for e in matches)})",
                             P.Status.NOT_FOUND)
 
     def statistics(self, name: str | None = None, version: int | None = None,
@@ -132,22 +143,22 @@ class ControlPlane:
         """Triton's statistics extension (statistics.py): every model version, every
         version of `name`, or one version of it (an unknown one raises NOT_FOUND)."""
         if name is None:
-            ids = range(len(self.specs))
+            entries = self.table.served()
         elif version in (None, 0, -1):
             self.find_model(name, None)  # unknown or broken: say so
-            ids = [i for i, s in enumerate(self.specs) if s.name == name]
+            entries = [e for e in self.table.served() if e.name == name]
         else:
-            ids = [self.find_model(name, version)]
-        return [self.model_statistics(i, histograms) for i in ids]
+            entries = [self.find_model(name, version)]
+        return [self.model_statistics(e, histograms) for e in entries]
 
-    def model_statistics(self, model_id: int, histograms: bool = False) -> dict:
-        spec, srv = self.specs[model_id], self.server.ops
-        instances = self.instance_rows(model_id)
+    def model_statistics(self, entry, histograms: bool = False) -> dict:
+        spec, srv = entry.spec, self.server.ops
+        instances = self.instance_rows(entry)
         memory = [{"type": "CPU", "id": i["instance"], "byte_size": i["rss_bytes"]}
                   for i in instances if i["rss_bytes"]]
         stat = statistics.model_statistics(
-            spec.name, spec.version, self.model_state.get(model_id, "LOADING"),
-            srv.model_stats(self.layout.model(model_id)), memory, histograms)
+            spec.name, spec.version, entry.state,
+            srv.model_stats(self.layout.model(entry.index)), memory, histograms)
         stat["shmserve"]["instances"] = instances
         return stat
 
@@ -182,7 +193,7 @@ class ControlPlane:
         batcher = next((c for c in self.children if c.role == "batcher"), None)
         return {"models": self.statistics(histograms=histograms),
                 "broken": [{"name": p.name, "version": p.version, "state": p.state}
-                           for p in self.broken],
+                           for p in self.table.all_problems()],
                 "ring_depth": max(0, min(enq - taken, self.ring_capacity)),
                 "ring_capacity": self.ring_capacity,
                 "clients": self.client_rows(), "max_clients": self.opts.max_clients,
@@ -193,16 +204,14 @@ class ControlPlane:
                                 for w in (P.Wake.SPIN, P.Wake.SLEEP)}},
                 "uptime_s": time.monotonic() - self.started_at}
 
-    def instance_rows(self, model_id: int) -> list[dict]:
+    def instance_rows(self, entry) -> list[dict]:
         """The model's instances as the supervisor and their mailboxes see them."""
         srv, rows = self.server.ops, []
-        workers = [c for c in self.children
-                   if c.role == "worker" and c.boot["model_id"] == model_id]
-        for n, child in enumerate(workers):
+        for n, child in enumerate(entry.workers):
             mb = self.layout.mailbox(child.boot["worker_index"])
             proc = child.proc
             pid = proc.pid if proc is not None and proc.poll() is None else None
-            loaded = self.model_state.get(model_id, "").startswith("READY")
+            loaded = entry.state == "READY"
             state = ("RETIRED" if child.retired
                      else ("RESTARTING" if loaded else "UNAVAILABLE") if pid is None
                      else "BUSY" if srv.load32(mb + L["mailbox.state"]) == P.MailboxState.ASSIGNED
@@ -228,7 +237,9 @@ class ControlPlane:
         if isinstance(msg, P.GetMetadata):
             return self.metadata(self.find_model(msg.model, msg.version))
         if isinstance(msg, P.GetConfig):
-            return P.ModelConfig(self.specs[self.find_model(msg.model, msg.version)].config_text)
+            return P.ModelConfig(self.find_model(msg.model, msg.version).spec.config_text)
+        if isinstance(msg, P.RepositoryIndex):
+            return P.IndexReply(self.table.index(Path(self.opts.model_repository), msg.ready))
         if isinstance(msg, P.GetStats):
             return P.StatsReply(self.statistics(msg.model, msg.version, msg.histograms))
         if isinstance(msg, P.GetStatus):
@@ -255,7 +266,15 @@ class ControlPlane:
         try:
             while True:
                 try:
-                    reply = self.handle(P.decode_request(await P.read_frame(reader)), lease)
+                    msg = P.decode_request(await P.read_frame(reader))
+                    if isinstance(msg, P.LoadModel):  # these wait for workers: async
+                        await self.load_op(msg.model, msg.config)
+                        reply = P.Done()
+                    elif isinstance(msg, P.UnloadModel):
+                        await self.unload_op(msg.model)
+                        reply = P.Done()
+                    else:
+                        reply = self.handle(msg, lease)
                 except ShmServeError as e:
                     reply = P.ErrorReply(int(e.code), e.msg, type(e).__name__)
                 except P.UnknownOperation as e:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 from .. import protocol as P
 from ..errors import ConfigError, ShmServeError, ShmSpaceError
@@ -21,7 +22,9 @@ from ..protocol import LAYOUT as L
 from ..segments import Segment, pid_alive, socket_path
 from . import devices
 from .control import ControlPlane
-from .repository import ModelProblem, ModelSpec, problems_message, scan_repository
+from .models import ModelControl, ModelTable, version_fingerprint
+from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
+                         problems_message, scan_repository)
 from .supervisor import Child, Supervisor, describe_exit
 from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
@@ -81,6 +84,23 @@ class ServeOptions:
                 (("http", self.http_address, self.http_port, self.http_thread_count),
                  ("grpc", self.grpc_address, self.grpc_port, self.grpc_infer_thread_count))
                 if port is not None]
+    model_control_mode: str = "none"  # Triton's: none, explicit or poll (models.py)
+    load_model: list = dataclasses.field(default_factory=list)  # --load-model (explicit); "*": all
+    repository_poll_secs: float = 15.0  # poll mode's rescan period (Triton's default)
+    model_table_size: int | None = None  # model versions the table holds; None: see table_sizes
+    max_model_instances: int | None = None  # instance workers (mailboxes); None: see table_sizes
+
+    def table_sizes(self, specs: list[ModelSpec]) -> tuple[int, int]:
+        """(model versions, instances) the table reserves room for. Mode none never
+        changes the table: exactly what it starts with. Explicit and poll: the flags,
+        by default twice the start's and at least 64 versions and 128 instances (a
+        reload holds the old and the new version at once)."""
+        versions, instances = len(specs), sum(s.instance_count for s in specs)
+        if self.model_control_mode == "none":
+            return max(versions, 1), max(instances, 1)
+        return (max(64, 2 * versions) if self.model_table_size is None else self.model_table_size,
+                max(128, 2 * instances) if self.max_model_instances is None
+                else self.max_model_instances)
 
     def log_options(self) -> LogOptions:
         return LogOptions.with_level(
@@ -93,18 +113,20 @@ class AlreadyRunningError(ShmServeError):
     pass
 
 
-class Coordinator(ControlPlane, Supervisor):
+class Coordinator(ControlPlane, Supervisor, ModelControl):
     """The coordinator's state and its start and stop; the control plane (leases and
     control-socket requests, control.py) and the supervision of children
     (supervisor.py) are its other two concerns, in their own files."""
 
     def __init__(self, opts: ServeOptions):
         self.opts = opts
-        self.specs: list[ModelSpec] = []
-        self.model_state: dict[int, str] = {}  # READY / UNAVAILABLE: reason
-        # Models whose config is broken (--exit-on-error=false): listed UNAVAILABLE by
-        # the control plane only, never in the shared model table, batcher or workers.
-        self.broken: list[ModelProblem] = []
+        # The model table (models.py): each model version served, its handle, state
+        # and workers; the models that could not be loaded, with the reason.
+        self.table = ModelTable(1, 1)
+        self.table_lock = asyncio.Lock()  # one load, unload or poll at a time
+        self.table_epoch = 0  # changes told to the batcher (ModelControl.tell_batcher)
+        self.table_pipe: int | None = None  # the write end of the batcher's table pipe
+        self.polled: dict[str, tuple] = {}  # poll mode: each model directory's fingerprint
         self.children: list[Child] = []
         self.control: Segment | None = None
         self.server: Segment | None = None
@@ -165,8 +187,8 @@ class Coordinator(ControlPlane, Supervisor):
 
     def create_segments(self) -> None:
         o = self.opts
-        n_workers = sum(s.instance_count for s in self.specs)
-        self.layout = ServerLayout(o.max_clients, o.slots_per_client, len(self.specs), n_workers)
+        self.layout = ServerLayout(o.max_clients, o.slots_per_client, self.table.capacity,
+                                   self.table.max_instances)
         ring = 1
         while ring < max(o.max_clients * o.slots_per_client, 64):
             ring <<= 1
@@ -188,15 +210,8 @@ class Coordinator(ControlPlane, Supervisor):
         lay = self.layout
         self.server.ops.init_server(lay.max_clients, lay.slots_per_client, lay.n_models,
                                     lay.n_workers)
-        for model_id, spec in enumerate(self.specs):
-            self.write_model_entry(model_id, spec)
-
-    def write_model_entry(self, model_id: int, spec: ModelSpec) -> None:
-        self.server.ops.write_model_entry(
-            self.layout.model(model_id), spec.name, spec.version, spec.max_batch_size,
-            [(t.name, t.dtype, t.dims) for t in spec.inputs],
-            [(t.name, t.dtype, t.dims) for t in spec.outputs],
-            sum(1 << k for k, t in enumerate(spec.inputs) if t.optional))
+        for e in self.table.all():
+            self.write_model_entry(e.index, e.spec, e.generation)
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
@@ -211,18 +226,10 @@ class Coordinator(ControlPlane, Supervisor):
                 "log": self.opts.log_options().as_dict(), **extra}
 
     def plan_children(self) -> None:
-        instances = [(m, i) for m, s in enumerate(self.specs) for i in range(s.instance_count)]
-        worker_models = [m for m, _ in instances]
-        self.children.append(Child("batcher", self.boot_message(
-            models=[s.to_dict() for s in self.specs], worker_models=worker_models)))
-        trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
-        for index, (model_id, instance) in enumerate(instances):
-            spec = self.specs[model_id]
-            device = spec.device(instance)
-            self.children.append(Child("worker", self.boot_message(
-                worker_index=index, model_id=model_id, instance=instance, device=device,
-                cuda_pool_bytes=self.opts.cuda_pools.get(device, 0), model=spec.to_dict(),
-                **trace), env=devices.worker_environment(spec.backend, device)))
+        # The batcher's models and table epoch are filled in at each (re)start (spawn).
+        self.children.append(Child("batcher", self.boot_message()))
+        for e in self.table.all():
+            self.worker_children(e)
 
     # -- 3. shutdown ------------------------------------------------------------------
     def shutdown(self) -> None:
@@ -242,9 +249,9 @@ class Coordinator(ControlPlane, Supervisor):
                     child.proc.wait()
                 log.info("%s exited: %s, %s", child.role, child.describe(),
                          describe_exit(child.proc.returncode))
-        for model_id, spec in enumerate(self.specs):
-            if self.model_state.get(model_id) == "READY":
-                log.info("model unloaded: '%s' version %d", spec.name, spec.version)
+        for e in self.table.all():
+            if e.state in ("READY", "UNLOADING"):
+                log.info("model unloaded: '%s' version %d", e.name, e.version)
         if self.traces is not None:  # the workers are gone: what they sent is all there is
             try:
                 self.traces.close()
@@ -254,6 +261,9 @@ class Coordinator(ControlPlane, Supervisor):
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
+        if self.table_pipe is not None:
+            os.close(self.table_pipe)
+            self.table_pipe = None
         for seg in (self.control, self.server):
             if seg is not None:
                 seg.unlink()
@@ -320,10 +330,12 @@ class Coordinator(ControlPlane, Supervisor):
         for protocol, address, port, count in self.opts.fronts():
             await self.start_fronts(protocol, address, port, count)
         self.control.ops.store32(L["control.server_state"], P.ServerState.READY)
-        ready = sum(state == "READY" for state in self.model_state.values())
-        log.info("server ready: '%s', control socket %s, %d of %d model%s READY", self.opts.name,
-                 self.sock_path, ready, len(self.specs) + len(self.broken),
-                 "s" * (len(self.specs) + len(self.broken) != 1))
+        ready = sum(e.state == "READY" for e in self.table.all())
+        total = len(self.table.all()) + len(self.table.all_problems())
+        log.info("server ready: '%s', control socket %s, %d of %d model%s READY%s", self.opts.name,
+                 self.sock_path, ready, total, "s" * (total != 1),
+                 "" if self.opts.model_control_mode == "none"
+                 else f" (--model-control-mode {self.opts.model_control_mode})")
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
@@ -345,7 +357,11 @@ class Coordinator(ControlPlane, Supervisor):
         if self.traces is not None:
             loop.add_reader(self.traces.read_fd, self.traces.on_readable)
         supervisor = asyncio.create_task(self.supervise(stop))
+        poller = (asyncio.create_task(self.poll_repository(stop))
+                  if self.opts.model_control_mode == "poll" else None)
         await stop.wait()
+        if poller is not None:
+            await poller
         log.info("server stopping: '%s' (%s)", self.opts.name, stopped_by[0])
         server.close()  # no new lease; the open ones stay, so their requests can be answered
         for child in self.children:  # fronts take no new request; theirs in flight drain
@@ -362,12 +378,36 @@ class Coordinator(ControlPlane, Supervisor):
 
 
 def load_models(opts: ServeOptions) -> tuple[list[ModelSpec], list[ModelProblem]]:
-    """The repository's good models and (with --exit-on-error=false) its broken ones;
-    ConfigError naming every broken model when they stop the start."""
-    specs, problems = scan_repository(opts.model_repository, opts.auto_complete_config)
+    """The models to load at start and (with --exit-on-error=false) the broken ones;
+    ConfigError naming every broken model when they stop the start. Modes none and
+    poll: the whole repository; explicit: the --load-model ones ("*": all), maybe none."""
+    explicit = opts.model_control_mode == "explicit"
+    if opts.load_model and not explicit:
+        raise ConfigError("--load-model is only for --model-control-mode explicit (the "
+                          f"mode is {opts.model_control_mode}: every model loads)")
+    if explicit and "*" not in opts.load_model:
+        root = Path(opts.model_repository)
+        if not root.is_dir():
+            raise ConfigError(f"model repository {root} is not a directory")
+        specs, problems = [], []
+        for name in dict.fromkeys(opts.load_model):
+            model_dir = root / name
+            if not model_dir.is_dir():
+                problems.append(ModelProblem(name, None, f"--load-model {name}: no model "
+                                             f"directory {model_dir}"))
+                continue
+            try:
+                specs.extend(load_model(model_dir, opts.auto_complete_config, problems))
+            except ConfigError as e:
+                problems.append(ModelProblem(name, None, e.msg))
+            except (OSError, UnicodeDecodeError) as e:
+                problems.append(ModelProblem(name, None, f"{model_dir}: {e}"))
+    else:
+        specs, problems = scan_repository(opts.model_repository, opts.auto_complete_config)
     if problems and opts.exit_on_error:
         raise ConfigError(problems_message(problems))
-    if not specs:  # nothing to serve: a start with no model table is refused
+    if not specs and opts.model_control_mode == "none":
+        # nothing to serve, and nothing could be loaded later: refused
         raise ConfigError(f"no model of repository {opts.model_repository} can be loaded:\n"
                           + problems_message(problems))
     return specs, problems
@@ -405,9 +445,32 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
                 raise ConfigError(str(e)) from None
         coord.claim_name()
         coord.claim_ports()
-        coord.specs, coord.broken = load_models(opts)
+        if opts.model_control_mode not in ("none", "explicit", "poll"):
+            raise ConfigError(f"--model-control-mode {opts.model_control_mode!r}: one of none, "
+                              "explicit, poll")
+        if opts.model_control_mode == "poll" and not opts.repository_poll_secs > 0:
+            raise ConfigError(f"--repository-poll-secs {opts.repository_poll_secs:g}: poll mode "
+                              "needs a period > 0")
+        if opts.model_control_mode == "poll":  # what the first poll compares with
+            coord.polled = coord.repository_fingerprints()
+        specs, problems = load_models(opts)
+        capacity, instances = opts.table_sizes(specs)
+        if instances < max(1, sum(s.instance_count for s in specs)):
+            raise ConfigError(f"--max-model-instances {instances}: the models to load at start "
+                              f"have {sum(s.instance_count for s in specs)} instances")
+        if capacity < len(specs):
+            raise ConfigError(f"--model-table-size {capacity}: {len(specs)} model versions to "
+                              "load at start")
+        try:
+            coord.table = ModelTable(capacity, instances)
+        except ValueError as e:
+            raise ConfigError(f"--model-table-size: {e}") from None
+        for p in problems:
+            coord.table.problems.setdefault(p.name, []).append(p)
+        for spec in specs:
+            coord.table.add(spec, version_fingerprint(spec))
         devices.check_pools(opts.cuda_pools, opts.pinned_pool_bytes)
-        coord.traces = start_tracing(opts.trace, [(s.name, s.version) for s in coord.specs])
+        coord.traces = start_tracing(opts.trace, coord.table.trace_names)
         coord.create_segments()
         coord.plan_children()
         coord.start_children()

@@ -15,7 +15,7 @@ import logging
 from typing import Sequence
 
 from .._core import now_ns
-from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, ClientState,
+from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, STALE_MODEL_ID, ClientState,
                         FailureReason, MailboxState, RingConsumer, SlotState, Status, Timestamp,
                         clip_error, decode_parameters, decode_sequence_id)
 from .maps import ServerMaps
@@ -30,9 +30,13 @@ SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claim
 
 
 class Intake:
-    def __init__(self, maps: ServerMaps, schedulers: Sequence[Scheduler]):
+    def __init__(self, maps: ServerMaps, schedulers: Sequence[Scheduler | None],
+                 table_changed=lambda: None):
         self.maps = maps
-        self.schedulers = schedulers  # by model id
+        self.schedulers = schedulers  # by model table index; None: no model there
+        self.table_changed = table_changed  # reads the table changes announced (batcher)
+        # Handles withdrawn (unload, reload) -> the error their requests get (models.py)
+        self.stale: dict[int, str] = {}
         self.n_models = maps.layout.n_models
         self.ring = RingConsumer(maps.ctl, maps.srv.load64(L["server.ring_pos"]))
         self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
@@ -99,7 +103,10 @@ class Intake:
             # The model id of the server's copy: the slot's own the client may rewrite.
             model_id = self.maps.srv.load32(layout.shadow(client_id, slot) + L["shadow.request"]
                                             + L["request.model_id"])
-            if model_id < self.n_models:  # statistics first: the caller may read them next
+            if msg.startswith(STALE_MODEL_ID):  # an unloaded or reloaded model's handle
+                self.table_changed()
+                msg = self.stale.get(model_id, msg)
+            elif model_id < self.n_models:  # statistics first: the caller may read them next
                 self.maps.record_answers(model_id, [(status, now_ns())])
             arena.ops.complete(slot_off, gen, status, msg, [])
             return
@@ -108,6 +115,13 @@ class Intake:
         scheduler = self.schedulers[model_id]
         p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen,
                     priority, timeout_us)
+        if scheduler is None:  # published before we read the table change: read it now
+            self.table_changed()
+            scheduler = self.schedulers[model_id]
+            if scheduler is None:
+                self.reject(model_id, Rejection(p, Status.UNAVAILABLE, f"model id {model_id} "
+                                                "is not loaded"))
+                return
         if scheduler.sequences or flags or sequence_id or sid_bytes:
             p = self.sequence_request(model_id, p, flags, sequence_id, sid_off, sid_bytes)
             if p is None:

@@ -167,6 +167,29 @@ def parse_config(text: str, where: str) -> mc.ModelConfig:
         raise ConfigError(f"{where}{pos}: {str(e).split(' : ', 1)[-1]}") from None
 
 
+def parse_config_json(text: str, where: str) -> mc.ModelConfig:
+    """A model configuration given as JSON (Triton's load API `config` parameter)."""
+    from google.protobuf import json_format
+
+    try:
+        return json_format.Parse(text, mc.ModelConfig())
+    except json_format.ParseError as e:
+        raise ConfigError(f"{where}: not a model configuration in JSON: {e}") from None
+
+
+def model_fingerprint(model_dir: Path) -> tuple:
+    """What poll mode compares to see that a model changed: every file under its
+    directory (config.pbtxt, labels, version directories and their files) by path,
+    size and modification time. A model whose directory cannot be read has ()."""
+    try:
+        return tuple(sorted((str(p.relative_to(model_dir)), st.st_size, st.st_mtime_ns)
+                            for p in model_dir.rglob("*")
+                            if "__pycache__" not in p.parts and p.is_file()
+                            for st in (p.stat(),)))
+    except OSError:
+        return ()
+
+
 def _tensors(items, where: str, kind: str, batched: bool, model_dir: Path
              ) -> tuple[TensorSpec, ...]:
     if len(items) > MAX_TENSORS:
@@ -261,17 +284,22 @@ def resolve_backend(cfg: mc.ModelConfig, where: str) -> str:
 
 
 def load_model(model_dir: Path, auto_complete: bool = True,
-               problems: list | None = None) -> list[ModelSpec]:
+               problems: list | None = None, config_override: str | None = None
+               ) -> list[ModelSpec]:
     """The servable versions of one model directory. auto_complete (Triton's default;
     --disable-auto-complete-config turns it off): an ONNX model's config.pbtxt may be
     missing or leave out input/output/max_batch_size, completed from the graph; a
     python model's is completed by its auto_complete_config hook (autocomplete.py).
     A version the policy selects whose model file is missing cannot be served: with
     `problems` (a list) it is appended there as a ModelProblem and the other versions
-    are returned; without, it raises."""
+    are returned; without, it raises. config_override: the model configuration as
+    JSON (Triton's load API `config` parameter), used instead of config.pbtxt."""
     where = str(model_dir / "config.pbtxt")
     model_path = None  # the file auto-complete reads, when found without a config
-    if (model_dir / "config.pbtxt").is_file():
+    if config_override is not None:
+        where = f"model '{model_dir.name}': the load request's config"
+        cfg = parse_config_json(config_override, where)
+    elif (model_dir / "config.pbtxt").is_file():
         text = (model_dir / "config.pbtxt").read_text()
         cfg = parse_config(text, where)
     elif not auto_complete:

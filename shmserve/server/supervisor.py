@@ -37,6 +37,7 @@ class Child:
     retired: bool = False
     handshake: typing.BinaryIO | None = None  # the read end of a starting worker's report
     env: dict = dataclasses.field(default_factory=dict)  # set for it (devices.worker_environment)
+    entry: typing.Any = None  # a worker's models.Entry
 
     def describe(self) -> str:
         """What the log names it by: its model instance (a worker) and its pid."""
@@ -80,10 +81,19 @@ class Supervisor:
         lines go where the coordinator's go (shmserve/logs.py, which also turns a
         model's print() into log lines). With handshake, a pipe of its own (boot "handshake_fd") carries the
         worker's one-line report of whether its model loaded (read_handshake)."""
+        if child.role == "batcher":  # a restarted one boots with the table as it is now
+            child.boot["models"] = self.batcher_models()
+            child.boot["table_epoch"] = self.table_epoch
         boot, keep = dict(child.boot), ()
+        if child.role == "batcher":  # the table's changes come on a pipe of its own
+            table_read, table_write = os.pipe()
+            boot["table_fd"], keep = table_read, (table_read,)
+            if self.table_pipe is not None:
+                os.close(self.table_pipe)
+            self.table_pipe = table_write
         if handshake:
             read_end, write_end = os.pipe()
-            boot["handshake_fd"], keep = write_end, (write_end,)
+            boot["handshake_fd"], keep = write_end, keep + (write_end,)
         # A worker's trace pipe (boot "trace") stays open here for its restarts.
         shared = (boot["trace"]["fd"],) if "trace" in boot else ()
         try:
@@ -122,46 +132,47 @@ class Supervisor:
             return {}
 
     def start_children(self) -> None:
+        """At start: the batcher and every worker of the table's models; waits for
+        each worker's load report (at most --load-timeout)."""
         started = time.monotonic()
         deadline = started + self.opts.load_timeout_s
-        for problem in self.broken:  # --exit-on-error=false: never loaded, never started
+        for problem in self.table.all_problems():  # never loaded, never started
             log.error("model failed to load: '%s'%s: %s (UNAVAILABLE)", problem.name,
                       "" if problem.version is None else f" version {problem.version}",
                       problem.reason)
-        for spec in self.specs:
+        for e in self.table.all():
+            spec = e.spec
             log.info("model loading: '%s' version %d (%s backend, %d instance%s, "
                      "max_batch_size %d)", spec.name, spec.version, spec.backend,
                      spec.instance_count, "s" * (spec.instance_count != 1), spec.max_batch_size)
         for child in self.children:
             self.spawn(child, handshake=child.role == "worker")
         # Workers say on their handshake pipe whether their model loaded.
-        load_s = {}
         for child in self.children:
             if child.role != "worker":
                 continue
-            model_id = child.boot["model_id"]
+            e = child.entry
             msg = self.read_handshake(child, deadline)
             if msg.get("ready"):
-                self.model_state.setdefault(model_id, "READY")
+                if e.state == "LOADING":
+                    e.state = "READY"
                 # CLOCK_MONOTONIC is one clock for every process: the worker's own
                 # time of readiness, not when this loop got round to reading it.
-                load_s[model_id] = max(load_s.get(model_id, 0.0),
-                                       msg.get("monotonic", time.monotonic()) - started)
+                e.loaded_s = max(e.loaded_s, msg.get("monotonic", time.monotonic()) - started)
             else:
                 why = msg.get("error") or describe_exit(child.proc.wait())
-                self.model_state[model_id] = f"UNAVAILABLE: {why}"
+                e.state = f"UNAVAILABLE: {why}"
                 log.error("model failed to load: '%s' version %d (instance %d): %s",
-                          self.specs[model_id].name, self.specs[model_id].version,
-                          child.boot["instance"], why)
+                          e.name, e.version, child.boot["instance"], why)
             child.handshake.close()
             child.handshake = None
-        for model_id, spec in enumerate(self.specs):
-            ready = self.model_state.get(model_id) == "READY"
+        for e in self.table.all():
+            ready = e.state == "READY"
             if ready:
-                log.info("model loaded: '%s' version %d, %d instance%s in %.2f s", spec.name,
-                         spec.version, spec.instance_count, "s" * (spec.instance_count != 1),
-                         load_s[model_id])
-            self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], int(ready))
+                log.info("model loaded: '%s' version %d, %d instance%s in %.2f s", e.name,
+                         e.version, len(e.mailboxes), "s" * (len(e.mailboxes) != 1),
+                         e.loaded_s)
+            self.server.ops.store32(self.layout.model(e.index) + L["model.ready"], int(ready))
 
     async def start_fronts(self, protocol: str, address: str, port: int, count: int) -> None:
         """Starts `count` fronts of a protocol (shmserve/front/<protocol>.py) once the
@@ -198,9 +209,8 @@ class Supervisor:
                 code = child.proc.poll() if child.proc else None
                 if code is None or child.retired:
                     continue  # running, retired, or a restart already scheduled
-                if child.role == "worker" and not self.model_state.get(
-                        child.boot["model_id"], "").startswith("READY"):
-                    continue  # never loaded: reported as UNAVAILABLE, not restarted
+                if child.role == "worker" and child.entry.state != "READY":
+                    continue  # never loaded (UNAVAILABLE), loading or unloading
                 now = time.monotonic()
                 child.exits = [t for t in child.exits if now - t < CRASH_LOOP[1]] + [now]
                 if child.role == "worker" and len(child.exits) >= CRASH_LOOP[0]:
@@ -226,15 +236,14 @@ class Supervisor:
         log.error("worker retired: %s: exited %d times in %.0f s (last: %s), not restarted",
                   child.describe(), CRASH_LOOP[0], CRASH_LOOP[1], describe_exit(code))
         child.retired, child.proc = True, None
-        model_id = child.boot["model_id"]
-        spec = self.specs[model_id]
+        e = child.entry
+        spec = e.spec
         mb = self.layout.mailbox(child.boot["worker_index"])
         self.server.ops.store32(mb + L["mailbox.pid"], P.MAILBOX_RETIRED)
-        siblings = [c for c in self.children if c.role == "worker" and c.boot["model_id"] == model_id]
-        if all(c.retired for c in siblings):
-            self.model_state[model_id] = (f"UNAVAILABLE: its worker crashed {CRASH_LOOP[0]} times "
-                                          f"in {CRASH_LOOP[1]:.0f} s (last {describe_exit(code)})")
-            self.server.ops.store32(self.layout.model(model_id) + L["model.ready"], 0)
+        if all(c.retired for c in e.workers):
+            e.state = (f"UNAVAILABLE: its worker crashed {CRASH_LOOP[0]} times "
+                       f"in {CRASH_LOOP[1]:.0f} s (last {describe_exit(code)})")
+            self.server.ops.store32(self.layout.model(e.index) + L["model.ready"], 0)
             log.error("model unavailable: '%s' version %d: every instance was retired",
                       spec.name, spec.version)
         self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])

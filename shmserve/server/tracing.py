@@ -357,7 +357,7 @@ class TraceSink:
     loop; close() (at shutdown, once the workers are stopped) reads what is left and
     ends the file (or flushes the spans)."""
 
-    def __init__(self, cfg: TraceConfig, models: list[tuple[str, int]], exporter=None):
+    def __init__(self, cfg: TraceConfig, models: dict[int, tuple[str, int]], exporter=None):
         self.cfg, self.models = cfg, models
         self.traced = 0
         self.buffer = b""
@@ -394,9 +394,9 @@ class TraceSink:
     def record(self, line: bytes) -> None:
         try:
             model_id, *stamps = json.loads(line)
-            name, version = self.models[model_id]
+            name, version = self.models[model_id]  # by table index (models.py)
             stamps = named_timestamps(*stamps)
-        except (ValueError, TypeError, IndexError):
+        except (ValueError, TypeError, IndexError, KeyError):
             log.warning("malformed trace record %r", line[:200])
             return
         if 0 <= self.cfg.count <= self.traced:  # the workers count each for itself
@@ -416,7 +416,7 @@ class TraceSink:
                  " as OpenTelemetry spans")
 
 
-def start_tracing(cfg: TraceConfig | None, models: list[tuple[str, int]]) -> TraceSink | None:
+def start_tracing(cfg: TraceConfig | None, models: dict[int, tuple[str, int]]) -> TraceSink | None:
     """The coordinator's sink, or None when tracing is off; logs unused settings."""
     if cfg is None:
         return None

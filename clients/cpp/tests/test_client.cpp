@@ -388,9 +388,50 @@ void sequence(const shmserve::Options &opts) {
 
 }  // namespace
 
+/// Model control against a server started with --model-control-mode explicit and
+/// --load-model simple (identity in its repository, not loaded).
+void model_control(const shmserve::Options &opts) {
+  shmserve::Client a(opts), b(opts);
+  auto state = [&](const std::string &name) {
+    for (const auto &row : a.repository_index())
+      if (row.name == name) return row.version + " " + row.state + " " + row.reason;
+    return std::string("absent");
+  };
+  CHECK(state("simple") == "1 READY ", "index of simple: ", state("simple"));
+  CHECK(state("identity") == "  ", "index of identity (never loaded): ", state("identity"));
+  std::vector<float> x{1.5f, 2.5f};
+  auto infer_identity = [&](shmserve::Client &c) {
+    auto r = c.infer("identity", {shmserve::Input("INPUT0", {1, 2}, x)});
+    return r["OUTPUT0"].as<float>()[1] == 2.5f;
+  };
+  a.load_model("identity");
+  CHECK(state("identity") == "1 READY ", "identity after load: ", state("identity"));
+  CHECK(infer_identity(a), "identity infers after load");
+  // b reloads identity with a config override: a's handle goes stale; the error says
+  // so, and a's next request resolves the name again.
+  b.load_model("identity", R"({"name": "identity", "backend": "python", "max_batch_size": 4,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}]})");
+  CHECK(b.metadata("identity").max_batch_size == 4, "config override served");
+  expect_error<shmserve::UnavailableError>("stale handle after a reload", [&] { infer_identity(a); },
+                                           "was reloaded: resolve the model name again",
+                                           shmserve::Status::UNAVAILABLE);
+  CHECK(infer_identity(a), "identity infers after resolving again");
+  b.unload_model("identity");
+  CHECK(state("identity") == " UNAVAILABLE unloaded", "identity after unload: ", state("identity"));
+  expect_error<shmserve::UnavailableError>("request after an unload", [&] { infer_identity(a); },
+                                           "'identity' version 1 was unloaded",
+                                           shmserve::Status::UNAVAILABLE);
+  expect_error<shmserve::ModelNotFoundError>("load of a model not in the repository",
+                                             [&] { a.load_model("nosuch"); }, "failed to load 'nosuch'",
+                                             shmserve::Status::NOT_FOUND);
+  auto ready = a.repository_index(true);
+  CHECK(ready.size() == 1 && ready[0].name == "simple", "ready index: only simple");
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence [--socket P] [--vectors F] [--dir D]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|control [--socket P] [--vectors F] [--dir D]\n", argv[0]);
     return 2;
   }
   std::string mode = argv[1], vectors, dir;
@@ -409,6 +450,7 @@ int main(int argc, char **argv) {
   if (mode == "roundtrip") run("roundtrip", [&] { roundtrip(opts, dir); });
   if (mode == "shutdown") run("shutdown", [&] { shutdown(opts); });
   if (mode == "sequence") run("sequence", [&] { sequence(opts); });
+  if (mode == "control") run("model control", [&] { model_control(opts); });
   std::printf("%s: %d failure%s\n", mode.c_str(), test::failures, test::failures == 1 ? "" : "s");
   return test::failures ? 1 : 0;
 }

@@ -21,6 +21,8 @@
 
 namespace shmserve {
 
+using IndexEntry = control::IndexEntry;
+
 /// A request in flight. get() once; ready() does not block.
 class Future {
  public:
@@ -105,6 +107,30 @@ class Client {
     if (!model.empty()) request.model = model;
     request.version = control::version_or_latest(version);
     return engine_->ask(request).model_stats;
+  }
+
+  /// Triton's repository extension (the server runs --model-control-mode explicit):
+  /// loads a model of its repository, or reloads it without losing a request; config:
+  /// the model configuration as JSON, used instead of config.pbtxt (empty: none).
+  /// Throws InvalidArgumentError naming each version that failed to load.
+  void load_model(const std::string &model, const std::string &config = {}) {
+    control::LoadModel request;
+    request.model = model;
+    if (!config.empty()) request.config = config;
+    engine_->forget(model);
+    engine_->ask(request);
+  }
+  /// Unloads every version of a model: its requests in flight finish, new ones get
+  /// UnavailableError naming it. Returns once its workers stopped.
+  void unload_model(const std::string &model) {
+    engine_->forget(model);
+    engine_->ask(control::UnloadModel{model});
+  }
+  /// Triton's repository index: every model of the repository, each version's state.
+  std::vector<IndexEntry> repository_index(bool ready = false) {
+    control::RepositoryIndex request;
+    request.ready = ready;
+    return engine_->ask(request).models;
   }
 
   uint32_t client_id() const { return engine_->client_id; }

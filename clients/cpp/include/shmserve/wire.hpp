@@ -329,6 +329,26 @@ struct StatsReply {
   template <class S, class V> static void visit(S &s, V &&v) { v("model_stats", s.model_stats); }
 };
 
+/// The answer of a control operation that answers nothing but its success.
+struct Done {
+  template <class S, class V> static void visit(S &, V &&) {}
+};
+
+/// One row of Triton's repository index: version and state empty for a model of the
+/// repository never loaded; reason set for UNAVAILABLE ("unloaded", or why it failed).
+struct IndexEntry {
+  std::string name, version, state, reason;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("name", s.name), v("version", s.version, wire::kOptional);
+    v("state", s.state, wire::kOptional), v("reason", s.reason, wire::kOptional);
+  }
+};
+
+struct IndexReply {
+  std::vector<IndexEntry> models;
+  template <class S, class V> static void visit(S &s, V &&v) { v("models", s.models); }
+};
+
 /// A failed request ("ok": false): a status, the message, and the server's exception
 /// class where it is finer than the status (ConfigError, ShmSpaceError...).
 struct ErrorReply {
@@ -392,6 +412,33 @@ struct GetStats {
     v("model", s.model, wire::kOptional), v("version", s.version, wire::kOptional);
     v("histograms", s.histograms, wire::kOptional);
   }
+};
+
+/// Triton's repository extension (--model-control-mode explicit): loads a model, or
+/// reloads it; config: the model configuration as JSON, instead of config.pbtxt.
+struct LoadModel {
+  static constexpr const char *op = "load";
+  using Reply = Done;
+  std::string model;
+  std::optional<std::string> config;
+  template <class S, class V> static void visit(S &s, V &&v) {
+    v("model", s.model), v("config", s.config, wire::kOptional);
+  }
+};
+
+/// Unloads every version of a model; its requests in flight finish first.
+struct UnloadModel {
+  static constexpr const char *op = "unload";
+  using Reply = Done;
+  std::string model;
+  template <class S, class V> static void visit(S &s, V &&v) { v("model", s.model); }
+};
+
+struct RepositoryIndex {
+  static constexpr const char *op = "index";
+  using Reply = IndexReply;
+  bool ready = false;  // only the READY versions
+  template <class S, class V> static void visit(S &s, V &&v) { v("ready", s.ready, wire::kOptional); }
 };
 
 /// A model version as the messages carry it: none for the highest (0 or less).

@@ -128,6 +128,15 @@ class Engine : public std::enable_shared_from_this<Engine> {
     }
   }
 
+  /// Drops what this client knows of a model (loaded, unloaded or reloaded): its
+  /// next request asks the server again.
+  void forget(const std::string &name) {
+    std::lock_guard<std::mutex> g(models_mu);
+    latest_version.erase(name);
+    for (auto it = by_version.begin(); it != by_version.end();)
+      it = it->first.first == name ? by_version.erase(it) : std::next(it);
+  }
+
   /// A model by name and version (0: the highest), asking the server if it is new.
   std::shared_ptr<const ModelInfo> model(const std::string &name, int64_t version) {
     {
@@ -296,7 +305,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// A call that is done: throws its error, or checks that every result lies in the
   /// buffer it was given (c.results are then safe to read).
   void finish(Call &c) {
-    if (c.status != SHMS_OK) throw_status(c.status, c.error);
+    if (c.status != SHMS_OK) {
+      // The model's handle went stale (unloaded or reloaded, docs/protocol.md "Model
+      // handles"): the next request resolves the name again.
+      if (c.status == SHMS_ERR_UNAVAILABLE && c.error.find("stale model id") != std::string::npos)
+        forget(c.model->name);
+      throw_status(c.status, c.error);
+    }
     const uint64_t begin = c.out_block->offset, end = begin + align64(c.out_block->nbytes);
     for (size_t k = 0; k < c.results.size(); k++) {
       const shms_tensor_ref &t = c.results[k];
