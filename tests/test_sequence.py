@@ -668,3 +668,24 @@ def test_grpc_front_sequence_parameters(server_factory):
             call("seq", 1, sequence_id=77)
     finally:
         client.close()
+
+
+def test_fields_without_effect_are_warned_about_by_name(tmp_path, caplog):
+    """oldest preserve_ordering and a state's buffer options change no result: the model
+    loads, with a warning naming each."""
+    import logging
+
+    from tritonclient.grpc import model_config_pb2 as mc
+    from google.protobuf import text_format
+
+    from shmserve.server import sequence_config
+
+    cfg = text_format.Parse(
+        'name: "s" max_batch_size: 4 sequence_batching { oldest { preserve_ordering: true } '
+        'state [ { input_name: "SI" output_name: "SO" data_type: TYPE_FP32 dims: [ 1 ] '
+        'use_same_buffer_for_input_output: true use_growable_memory: true } ] }', mc.ModelConfig())
+    with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
+        assert sequence_config.parse(cfg, tmp_path, "m")["strategy"] == "oldest"
+    for what in ("oldest preserve_ordering", "state 'SI' use_same_buffer_for_input_output",
+                 "state 'SI' use_growable_memory"):
+        assert f"{what} is not implemented by shmserve yet and is ignored" in caplog.text

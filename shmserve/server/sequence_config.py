@@ -19,6 +19,7 @@ Control and state tensors are not among the model's `input`/`output`: the server
 them (the worker), callers never send or see them."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -31,6 +32,7 @@ KINDS = {SB.Control.CONTROL_SEQUENCE_START: "START", SB.Control.CONTROL_SEQUENCE
          SB.Control.CONTROL_SEQUENCE_READY: "READY", SB.Control.CONTROL_SEQUENCE_CORRID: "CORRID"}
 CORRID_TYPES = {"TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING"}
 IDLE_US_DEFAULT = 1_000_000  # Triton's max_sequence_idle_microseconds default
+log = logging.getLogger("shmserve.repository")
 
 
 def _dtype(data_type: int, where: str) -> int:
@@ -52,6 +54,13 @@ def parse(cfg: mc.ModelConfig, model_dir: Path, where: str) -> dict | None:
     where = f"{where}: sequence_batching"
     if sb.iterative_sequence:
         raise ConfigError(f"{where}: iterative_sequence is not implemented by shmserve yet")
+    # Set, these only change how memory is used or when answers go: loaded, named.
+    ignored = [f"oldest {f}" for f in ("preserve_ordering",) if getattr(sb.oldest, f)]
+    ignored += [f"state '{st.input_name}' {f}" for st in sb.state
+                for f in ("use_same_buffer_for_input_output", "use_growable_memory")
+                if getattr(st, f)]
+    for what in ignored:
+        log.warning("%s: %s is not implemented by shmserve yet and is ignored", where, what)
     max_batch = max(int(cfg.max_batch_size), 1)
     taken = {t.name for t in (*cfg.input, *cfg.output)}
     out = {"strategy": "oldest" if sb.HasField("oldest") else "direct",
