@@ -222,6 +222,7 @@ def fill_slot(fdp, arena: Arena, slot_off: int) -> tuple[bytearray, int, int, in
         for field, top in ((R.MODEL_ID, N_MODELS), (R.N_INPUTS, 17), (R.N_OUTPUTS, 17)):
             field.put(req, 0, fdp.ConsumeIntInRange(0, top))
         R.FLAGS.put(req, 0, 0)
+        R.PARAMS_BYTES.put(req, 0, 0)  # no parameters: the tensors' checks are the target
     else:  # well formed, then 0-4 mutations
         structured(fdp, arena, req)
         for _ in range(fdp.ConsumeIntInRange(0, 4) if mode else 0):
@@ -274,7 +275,7 @@ def fuzz_validator(fdp) -> None:
         return
     check(not stale, "take claimed a slot that was not SUBMITTED with this generation",
           state, slot_gen, gen)
-    check(isinstance(taken, tuple) and len(taken) in (2, 3), "take returned", taken)
+    check(isinstance(taken, tuple) and len(taken) in (2, 7), "take returned", taken)
 
     # Slot: SUBMITTED -> QUEUED, only the state word and t_ns[DEQUEUE] written.
     t2 = R.T_NS.item(P.Timestamp.DEQUEUE)
@@ -317,7 +318,11 @@ def fuzz_validator(fdp) -> None:
         feature(mid, got_check, tensor_position(model, msg) if model else MAXT)
         return
 
-    model_id, rows, key = taken
+    model_id, rows, key, priority, timeout_us, params_off, params_bytes = taken
+    check((priority, timeout_us, params_off, params_bytes) ==
+          tuple(R.Field.of(f"request.{n}").get(shadow_req) for n in
+                ("priority", "timeout_us", "parameters_offset", "parameters_bytes")),
+          "options differ from the shadow's", taken)
     check(want_status == Status.OK, "accepted a request protocol.md refuses",
           (int(want_status), want_check, want_msg))
     check(model_id == mid and model is not None and READY[mid], "accepted model id", model_id)
@@ -463,7 +468,7 @@ def main(argv: list[str]) -> None:
         elif arg.startswith("--"):
             sys.exit(f"unknown option {arg} (see --help)")
     if not any(a.startswith("-max_len=") for a in rest):
-        rest.append("-max_len=8192")  # a raw request alone is 3104 bytes
+        rest.append("-max_len=8192")  # a raw request alone is 3136 bytes
     missing = [t.name for t in P.DataType if t != P.DataType.INVALID and t not in ELEM]
     print(f"fuzz_campaign: target {TARGET}; {N_MODELS} models, arenas of "
           f"{[a.size for a in ARENAS]} bytes (data from {[a.data for a in ARENAS]})"

@@ -132,7 +132,10 @@ def replay_take(data: bytes) -> str:
         check((status, msg) == (want_status, want_msg), "answer differs from protocol.md "
               "section 11", taken, "expected", (int(want_status), want_msg))
         return want_check
-    model_id, rows, key = taken
+    model_id, rows, key, *options = taken
+    check(tuple(options) == tuple(R.Field.of(f"request.{n}").get(req) for n in (
+        "priority", "timeout_us", "parameters_offset", "parameters_bytes")),
+        "options differ from the request's", options)
     check(want_status == Status.OK, "accepted a request protocol.md refuses", want_msg)
     m = MODELS[model_id]
     batched = m.max_batch_size > 0

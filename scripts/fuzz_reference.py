@@ -7,7 +7,7 @@
     itemsize; BYTES: its 4-byte length prefix);
   - decode_request(raw): a request's bytes as a dict;
   - reference(...): the status, check and message the server must answer with, check
-    by check in the order of section 11 (1-17 with 4a and 15a), worded as
+    by check in the order of section 11 (1-20 with 4a and 15a), worded as
     shms_validate_request (shmserve/csrc/shms_request.h) words them;
   - classify(message): which check a server message reports (CHECKS).
 
@@ -76,6 +76,8 @@ IN0, OUT0 = L["request.inputs"], L["request.outputs"]  # the first input / outpu
 assert L["request.inputs.bytes"] == L["request.outputs.bytes"] == MAXT * REF_SIZE
 MODEL_ID, N_INPUTS, N_OUTPUTS, FLAGS = (Field.of(f"request.{n}") for n in
                                         ("model_id", "n_inputs", "n_outputs", "flags"))
+PARAMS_OFFSET, PARAMS_BYTES = (Field.of(f"request.{n}") for n in
+                               ("parameters_offset", "parameters_bytes"))
 # shms_tensor_ref, by name (the keys of decode_request's tensor dicts).
 REF = {n: Field.of(f"tensor_ref.{n}") for n in
        ("index", "dtype", "ndim", "memory_kind", "device_id", "offset", "nbytes")}
@@ -97,7 +99,8 @@ def decode_request(raw) -> dict:
 
     ni, no = N_INPUTS.get(raw), N_OUTPUTS.get(raw)
     return {"model_id": MODEL_ID.get(raw), "n_inputs": ni, "n_outputs": no,
-            "inputs": refs(IN0, ni), "outputs": refs(OUT0, no)}
+            "inputs": refs(IN0, ni), "outputs": refs(OUT0, no), "flags": FLAGS.get(raw),
+            "parameters_offset": PARAMS_OFFSET.get(raw), "parameters_bytes": PARAMS_BYTES.get(raw)}
 
 
 # ---------------------------------------------------------------- section 11
@@ -116,6 +119,9 @@ CHECKS = [
     ("15", "requested twice", Status.INVALID_ARG),
     ("15a", "writes outputs into", Status.INVALID_ARG),
     ("16", "' buffer [", Status.BAD_DESCRIPTOR), ("17", "names no output", Status.INVALID_ARG),
+    ("18", "set unknown bits", Status.BAD_DESCRIPTOR),
+    ("19", "request parameters hold", Status.INVALID_ARG),
+    ("20", "request parameters [", Status.BAD_DESCRIPTOR),
     ("NOT_FOUND", "request names an unknown model id ", Status.NOT_FOUND),
     ("UNAVAILABLE", "is not available", Status.UNAVAILABLE),
 ]
@@ -155,7 +161,7 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
               data_end: int) -> tuple[Status, str, str]:
     """(status, check, message) of docs/protocol.md section 11 for a decoded request to
     a table of ModelSpecs: check "OK" (message ""), "NOT_FOUND", "UNAVAILABLE" or the
-    first failing check of the table ("1".."17", "4a", "15a")."""
+    first failing check of the table ("1".."20", "4a", "15a")."""
     mid = req["model_id"]
     if mid >= len(models):
         return _answer("NOT_FOUND", f"request names an unknown model id {mid}")
@@ -254,4 +260,12 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
                           "caller's arena")
     if no == 0:
         return refuse("17", "request names no output buffer")
+    flags, pbytes, poff = req["flags"], req["parameters_bytes"], req["parameters_offset"]
+    if flags & ~(P.SEQUENCE_START | P.SEQUENCE_END):
+        return refuse("18", f"request flags 0x{flags:x} set unknown bits (known: SEQUENCE_START "
+                      "0x1, SEQUENCE_END 0x2)")
+    if pbytes > P.MAX_PARAMETER_BYTES:
+        return refuse("19", f"request parameters hold {pbytes} bytes (limit {P.MAX_PARAMETER_BYTES})")
+    if pbytes and (poff < data_begin or poff > data_end or pbytes > data_end - poff):
+        return refuse("20", f"request parameters [{poff}, +{pbytes}) are outside the caller's arena")
     return Status.OK, "OK", ""

@@ -40,20 +40,34 @@ SIMPLE_META = {
     "state": "READY"}
 
 
-def _request_slot() -> bytearray:
+def _request_slot(*options) -> bytearray:
     slot = bytearray(L["slot.size"])
-    _core.Mapping(slot).write_request(0, 1, 2, SIMPLE_INPUTS, SIMPLE_OUTPUTS)
+    _core.Mapping(slot).write_request(0, 1, 2, SIMPLE_INPUTS, SIMPLE_OUTPUTS, *options)
     return slot
 
 
 def tensor_ref() -> bytes:
-    base = L["slot.request"] + 32  # inputs[0]
+    base = L["slot.request"] + L["request.inputs"]  # inputs[0]
     return bytes(_request_slot()[base:base + L["tensor_ref.size"]])
 
 
 def request_simple() -> bytes:
     base = L["slot.request"]
     return bytes(_request_slot()[base:base + L["request.size"]])
+
+
+def parameters_msgpack(parameters: dict) -> bytes:
+    return P.encode_parameters(parameters)
+
+
+def request_options(priority: int, timeout_us: int, parameters_offset: int, parameters: dict,
+                    sequence_id: int, sequence_start: bool, sequence_end: bool) -> bytes:
+    """The request of request_simple with every option set (docs/protocol.md 4.5)."""
+    flags, priority, timeout_us, packed, sequence_id = P.options(
+        priority, timeout_us, parameters, sequence_id, sequence_start, sequence_end)
+    base = L["slot.request"]
+    slot = _request_slot(flags, priority, timeout_us, parameters_offset, len(packed), sequence_id)
+    return bytes(slot[base:base + L["request.size"]])
 
 
 def claim_word(owner: int, pos: int) -> bytes:
@@ -92,6 +106,16 @@ SPECS = {
     "request_simple": ("shms_request of docs/protocol.md 13.3: model 2, INPUT0/INPUT1 INT32 [1, 16] "
                        "at 0x28000/0x28040, outputs 0/1 at 0x28080/0x280c0, capacity 64",
                        request_simple, {}),
+    "parameters_msgpack": ("request parameters as the protocol carries them: one msgpack map, "
+                           "keys in the order given (here sorted, as the C++ client packs them)",
+                           parameters_msgpack,
+                           {"parameters": {"flag": True, "n": 7, "tag": "cpp", "x": 1.5}}),
+    "request_options": ("request_simple with options: flags SEQUENCE_START|END, priority 2, "
+                        "timeout_us 1500, the parameters above at 0x28100, sequence_id 42",
+                        request_options,
+                        {"priority": 2, "timeout_us": 1500, "parameters_offset": 0x28100,
+                         "parameters": {"flag": True, "n": 7, "tag": "cpp", "x": 1.5},
+                         "sequence_id": 42, "sequence_start": True, "sequence_end": True}),
     "claim_word": ("ring cell seq while claimed: CLAIM(owner 3, pos 4097), u64 little-endian",
                    claim_word, {"owner": 3, "pos": 4097}),
     "ring_cell_after_push": ("32-byte ring cell, then enqueue_pos (u64), after push(owner 3, slot 5, "
@@ -105,7 +129,7 @@ SPECS = {
                        {"message": {"op": "metadata", "model": "simple", "version": None}}),
     "error_reply_frame": ("failed reply frame, as the server sends it (with its 'type' field)", frame,
                           {"message": {"ok": False, "code": 1,
-                                       "error": "protocol version 1 not supported (server speaks 2)",
+                                       "error": "protocol version 1 not supported (server speaks 3)",
                                        "type": "ShmServeError"}}),
     "metadata_reply_frame": ("successful metadata reply frame for `simple`", frame,
                              {"message": {"ok": True, **SIMPLE_META}}),

@@ -159,6 +159,24 @@ class TritonPythonModel:
 '''
 
 
+# Triton's python API: each row of OUTPUT0 is its request's parameters as the model
+# reads them (request.parameters(), a JSON string).
+PARAMS_CODE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            n = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy().shape[0]
+            text = r.parameters().encode()
+            out = np.array([[text]] * n, dtype=object)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", out)]))
+        return responses
+'''
+
+
 def copy_bundled(repo: Path, mlp_onnx: Path | None, names=("identity", "simple", "mlp")) -> None:
     for name in names:
         src = BUNDLED_REPO / name
@@ -193,6 +211,8 @@ def write_test_models(repo: Path) -> None:
     write_model(repo, "preferred", python_config(
         "preferred", "FP32", (-1,), dynamic_batching="{ preferred_batch_size: [ 4 ] "
         "max_queue_delay_microseconds: 3000000 }"), IDENTITY_CODE)
+    write_model(repo, "params", python_config("params", "FP32", (-1,), out_dtype="BYTES",
+                                              out_dims=(1,)), PARAMS_CODE)
     write_model(repo, "twin", python_config(
         "twin", "FP32", (-1,), dynamic_batching=None, out_dtype="INT64", out_dims=(1,),
         extra="instance_group [ { count: 2 kind: KIND_CPU } ]"), TWIN_CODE)

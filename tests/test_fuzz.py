@@ -298,7 +298,7 @@ alay = ArenaLayout.for_data(1, 4096); amm = mmap.mmap(-1, alay.segment_bytes); a
 d = alay.data_offset
 shape = [0] + [0x4141414141414141] * 7  # valid: 0 elements, so any other dim goes
 arena.write_request(alay.slot(0), 1, 0, [(k, 6, d, 0, shape) for k in range(16)], [(0, 0, d, 64, [])])
-model_id, rows, key = arena.take(alay.slot(0), 0, 1, 0, 1, srv, slay.shadow(0, 0), slay.models_offset, 1, d)
+model_id, rows, key = arena.take(alay.slot(0), 0, 1, 0, 1, srv, slay.shadow(0, 0), slay.models_offset, 1, d)[:3]
 assert (model_id, rows, len(key)) == (0, 1, 16 * 9 * 8), (model_id, rows, len(key))
 print("taken")
 '''

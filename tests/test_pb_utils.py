@@ -571,6 +571,9 @@ def test_requested_output_names_and_parameters(client):
     assert json.loads(text(out, "PARAMS")) == {}  # a JSON object, as Triton's
     out = client.infer("introspect", {"INPUT0": x})
     assert json.loads(text(out, "REQUESTED")) == ["ARGS", "PARAMS", "REQUESTED"]
+    sent = {"greeting": "hi", "n": 3, "on": True, "f": 0.25}  # Client.infer(parameters=...)
+    out = client.infer("introspect", {"INPUT0": x}, outputs=["PARAMS"], parameters=sent)
+    assert json.loads(text(out, "PARAMS")) == sent
 
 
 def test_logger_lines_go_to_the_server_log(client, server):

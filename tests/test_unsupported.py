@@ -51,16 +51,19 @@ def test_fields_that_only_change_timing_are_warned_about(tmp_path, caplog, extra
                for r in caplog.records), caplog.text
 
 
-def test_dynamic_batching_extras_are_warned_about(tmp_path, caplog):
+def test_dynamic_batching_is_implemented_in_full(tmp_path, caplog):
+    """Every dynamic_batching field (issue 11) loads without a warning; the scheduling
+    itself is tested in test_priorities.py."""
     path = write_model(tmp_path, "m", python_config(
         "m", "FP32", (-1,), dynamic_batching="{ preserve_ordering: true priority_levels: 2 "
-        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100 } }"),
-        IDENTITY_CODE)
+        "default_priority_level: 2 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5 "
+        "priority_queue_policy { key: 1 value { max_queue_size: 3 } } "
+        "default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 100 "
+        "allow_timeout_override: true max_queue_size: 9 } }"), IDENTITY_CODE)
     with caplog.at_level(logging.WARNING, logger="shmserve.repository"):
-        load_model(path)
-    text = caplog.text
-    for named in ("preserve_ordering", "priority_levels", "timeout_action DELAY"):
-        assert named in text, text
+        (spec,) = load_model(path)
+    assert not caplog.records, caplog.text
+    assert spec.preserve_ordering and spec.priority_levels == 2 and spec.queue_delay_on_timeout
 
 
 def test_an_implemented_config_loads_without_warnings(tmp_path, caplog):

@@ -33,13 +33,22 @@ def test_file_is_exactly_what_the_generator_writes():
 def test_vectors_agree_with_the_worked_example_of_protocol_md():
     """docs/protocol.md 13.1 prints the hello frame and 5 the claim word."""
     assert STORED["hello_frame"]["hex"] == (
-        "0000002b84a26f70a568656c6c6fa776657273696f6e02a3706964cd1092"
+        "0000002b84a26f70a568656c6c6fa776657273696f6e03a3706964cd1092"
         "ab6172656e615f6279746573ce00100000")
     assert int.from_bytes(bytes.fromhex(STORED["claim_word"]["hex"]), "little") == 0x8000000300001001
     req = bytes.fromhex(STORED["request_simple"]["hex"])
-    assert len(req) == 3104 and req[:12] == bytes.fromhex("020000000200000002000000")
-    # outputs[1] at request offset 1568 + 96: index 1, offset 0x280c0, capacity 64
-    assert req[1664:1696] == bytes.fromhex("01000000" + "00" * 12 + "c080020000000000" + "4000000000000000")
+    assert len(req) == 3136 and req[:12] == bytes.fromhex("020000000200000002000000")
+    assert req[12:64] == bytes(52)  # no options: flags .. reserved all 0
+    # outputs[1] at request offset 1600 + 96: index 1, offset 0x280c0, capacity 64
+    assert req[1696:1728] == bytes.fromhex("01000000" + "00" * 12 + "c080020000000000" + "4000000000000000")
+    # 4.5's option fields, in the request_options vector
+    opt = bytes.fromhex(STORED["request_options"]["hex"])
+    params = bytes.fromhex(STORED["parameters_msgpack"]["hex"])
+    assert opt[12:64] == (bytes.fromhex("03000000" "02000000") + len(params).to_bytes(4, "little")
+                          + (1500).to_bytes(8, "little") + (0x28100).to_bytes(8, "little")
+                          + (42).to_bytes(8, "little") + bytes(16))
+    assert opt[64:] == req[64:]
+    assert msgpack.unpackb(params) == {"flag": True, "n": 7, "tag": "cpp", "x": 1.5}
 
 
 def test_frames_decode_to_their_params():

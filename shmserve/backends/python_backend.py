@@ -8,7 +8,10 @@
   error); `async def execute` is awaited; BLS requests go through the server.
 - the numpy-dict API: execute(inputs) receives the whole batch as {name: array}
   (requests concatenated along the batch dimension) and returns {name: array}. The
-  fast path: no per-request objects.
+  fast path: no per-request objects. A model that wants each request's parameters
+  declares execute(self, inputs, requests): `requests` is, per request of the batch in
+  the order of its rows, (rows, parameters dict). (That model takes the worker's Python
+  path; the others never pay for parameters.)
 
 The rule: a model whose model.py (or what it imports while loading) imports
 triton_python_backend_utils uses Triton's API, any other the numpy-dict API. The
@@ -113,22 +116,28 @@ class Backend:
         bls.bind(spec.name, spec.instance_count, instance.server, instance.socket)  # lazy lease
         logger.bind(f"model '{spec.name}' version {spec.version} instance {instance.index}")
         self.model = cls()
+        # numpy-dict models opt in to per-request parameters by naming them
+        self.wants_requests = (not self.per_request and
+                               "requests" in inspect.signature(self.model.execute).parameters)
         if hasattr(self.model, "initialize"):
             self.model.initialize(initialize_args(spec, instance))
         if self.per_request and inspect.iscoroutinefunction(self.model.execute):
             self._loop = asyncio.new_event_loop()  # one for the worker's life: BLS futures live on it
 
     # -- the numpy-dict API: the whole batch at once -----------------------------------------
-    def execute(self, inputs):
-        return self.model.execute(inputs)
+    def execute(self, inputs, requests=None):
+        if requests is None:
+            return self.model.execute(inputs)
+        return self.model.execute(inputs, requests)
 
     # -- Triton's API: a list of requests, a response each ------------------------------------
     def execute_requests(self, requests: list[tuple[list, list]]) -> list:
-        """requests: per request, ([(input name, array view)], requested output names).
-        Returns per request {output name: array}, or (status, message) for an error."""
+        """requests: per request, ([(input name, array view)], requested output names,
+        parameters dict). Returns per request {output name: array}, or (status, message)
+        for an error."""
         reqs = []
-        for inputs, requested in requests:  # loops, not comprehensions: fewer calls per request
-            reqs.append(incoming([wrap(n, a) for n, a in inputs], requested))
+        for inputs, requested, parameters in requests:  # loops: fewer calls per request
+            reqs.append(incoming([wrap(n, a) for n, a in inputs], requested, parameters))
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:

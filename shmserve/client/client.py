@@ -15,6 +15,7 @@ import dataclasses
 import json
 import numpy as np
 
+from .. import errors
 from .. import protocol as P
 from ..segments import DEFAULT_NAME
 from .engine import MAX_SPIN_US, SPIN_US, Engine
@@ -22,6 +23,16 @@ from .request import version_key
 from .result import InferResult
 
 __all__ = ["Client", "InferResult", "SPIN_US", "MAX_SPIN_US"]
+
+
+def _options(priority, timeout_us, parameters):
+    """The engine's options tuple (None when all are defaults: the common case)."""
+    if not (priority or timeout_us or parameters):
+        return None
+    try:
+        return P.options(priority, timeout_us, parameters)
+    except (ValueError, TypeError) as e:
+        raise errors.InvalidArgumentError(str(e)) from None
 
 
 class Client:
@@ -102,22 +113,39 @@ class Client:
 
     # -- requests -------------------------------------------------------------------------
     def infer(self, model: str, inputs, outputs=None, version: int | None = None,
-              timeout: float | None = None, copy: bool = False) -> InferResult:
+              timeout: float | None = None, copy: bool = False, *, priority: int = 0,
+              timeout_us: int = 0, parameters=None) -> InferResult:
         """Runs one request and waits for it. inputs: {name: array} (or a list in the
         model's input order); outputs: names to return (default: all). With copy=True
-        the outputs are private copies and the arena is released at once."""
+        the outputs are private copies and the arena is released at once. `timeout`
+        (seconds) is how long this caller waits.
+
+        Request options, as Triton's: priority (1 = highest; 0 = the model's
+        default_priority_level), timeout_us (the server's queue timeout for this request,
+        honoured where the model's queue policy has allow_timeout_override; 0 = the
+        model's), parameters ({name: bool | int | float | str}, Triton's request
+        parameters, given to the model)."""
+        if priority or timeout_us or parameters:
+            return self.engine.infer(model, inputs, outputs, version, timeout, copy,
+                                     _options(priority, timeout_us, parameters))
         return self.engine.infer(model, inputs, outputs, version, timeout, copy)
 
     def submit(self, model: str, inputs, outputs=None, version: int | None = None,
-               copy: bool = False) -> concurrent.futures.Future:
+               copy: bool = False, *, priority: int = 0, timeout_us: int = 0,
+               parameters=None) -> concurrent.futures.Future:
         """Sends a request and returns at once; the Future resolves to an InferResult.
-        Many requests may be in flight from one caller (up to the slots of the lease)."""
-        return self.engine.submit(model, inputs, outputs, version, copy)
+        Many requests may be in flight from one caller (up to the slots of the lease).
+        Request options as infer()'s."""
+        return self.engine.submit(model, inputs, outputs, version, copy,
+                                  _options(priority, timeout_us, parameters))
 
     async def infer_async(self, model: str, inputs, outputs=None, version: int | None = None,
-                          copy: bool = False) -> InferResult:
+                          copy: bool = False, *, priority: int = 0, timeout_us: int = 0,
+                          parameters=None) -> InferResult:
         """asyncio form of infer()."""
-        return await asyncio.wrap_future(self.submit(model, inputs, outputs, version, copy))
+        return await asyncio.wrap_future(self.submit(
+            model, inputs, outputs, version, copy, priority=priority, timeout_us=timeout_us,
+            parameters=parameters))
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

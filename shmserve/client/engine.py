@@ -207,18 +207,24 @@ class Engine:
                     "still referenced); release results or use a larger arena") from None
 
     # -- requests -------------------------------------------------------------------------
-    def infer(self, model, inputs, outputs, version, timeout, copy: bool) -> InferResult:
-        """One request, waited for (Client.infer): the C path, else the Python path."""
-        got = self._core.infer(self, model, inputs, outputs, version, timeout, copy)
+    def infer(self, model, inputs, outputs, version, timeout, copy: bool,
+              options: tuple | None = None) -> InferResult:
+        """One request, waited for (Client.infer): the C path, else the Python path.
+        options: protocol.options()'s tuple, or None (every option at its default)."""
+        if options is None:
+            got = self._core.infer(self, model, inputs, outputs, version, timeout, copy)
+        else:
+            got = self._core.infer(self, model, inputs, outputs, version, timeout, copy, options)
         if got.__class__ is InferResult:
             return got
         if got is None:  # not for the C path: the Python path from the beginning
-            return self.wait(self.start(model, inputs, outputs, version, copy, False), timeout)
+            return self.wait(self.start(model, inputs, outputs, version, copy, False, options),
+                             timeout)
         # Sent and answered by the C path; the answer is Python's to finish.
         status, message, results, stamps, block, block_bytes, started = got
         req = Request()
         req.plan = plan = self.plan(model, version)
-        req.copy, req.retried, req.future = copy, False, None
+        req.copy, req.retried, req.future, req.options = copy, False, None, options
         req.block, req.block_bytes = block, block_bytes
         req.call = (model, inputs, outputs, version)
         try:  # kept for a resend (OUTPUT_TOO_SMALL); the C path checked them already
@@ -232,13 +238,17 @@ class Engine:
             return self.wait(result, timeout, started)
         return result
 
-    def submit(self, model, inputs, outputs, version, copy: bool) -> concurrent.futures.Future:
+    def submit(self, model, inputs, outputs, version, copy: bool,
+               options: tuple | None = None) -> concurrent.futures.Future:
         """Sends one request; its Future resolves to an InferResult (Client.submit)."""
         req = Request()
         req.copy, req.retried, req.future = copy, False, concurrent.futures.Future()
+        req.options = options
         req.call = (model, inputs, outputs, version)
-        if not self._core.send(self, req, model, inputs, outputs, version):
-            req = self.start(model, inputs, outputs, version, copy, with_future=True)
+        sent = (self._core.send(self, req, model, inputs, outputs, version) if options is None
+                else self._core.send(self, req, model, inputs, outputs, version, options))
+        if not sent:
+            req = self.start(model, inputs, outputs, version, copy, True, options)
         self.ensure_poller()
         return req.future
 
@@ -260,6 +270,7 @@ class Engine:
         return offset if offset >= self._alloc.begin and offset % P.DATA_ALIGN == 0 else -1
 
     def start(self, model, inputs, outputs, version, copy: bool, with_future: bool,
+              options: tuple | None = None,
               future: concurrent.futures.Future | None = None) -> Request:
         if self._closed:
             raise errors.ServerDeadError("client is closed")
@@ -269,7 +280,7 @@ class Engine:
         req.plan = plan = self.plan(model, version)
         req.sources = sources(plan, inputs, self._locate)
         req.wanted = wanted(plan, outputs)
-        req.copy, req.retried, req.block = copy, False, None
+        req.copy, req.retried, req.block, req.options = copy, False, None, options
         req.future = future or (concurrent.futures.Future() if with_future else None)
         req.call = (model, inputs, outputs, version)
         self._prepare(req, None)
@@ -313,7 +324,14 @@ class Engine:
                 nbytes = max(in_bytes, 4096)
             outputs.append((index, 0, size, nbytes, ()))
             size += _aligned(nbytes)
+        packed = req.options[3] if req.options is not None else None
+        params_at = size  # the packed parameters after the output buffers, as the C path
+        if packed:
+            size += _aligned(len(packed))
         block = self.alloc(size, f"request to model '{plan.name}'")
+        if packed:
+            self._ops.put(block + params_at, packed)
+        req.params_offset = block + params_at if packed else 0
         refs = []
         for index, code, data, offset, nbytes, shape in layout:
             if data is not None:
@@ -331,7 +349,13 @@ class Engine:
         req.generation = gen = self._core.register(slot, req, req.future is not None)
         slot_off = self._slots_offset + slot * P.SLOT_BYTES
         try:
-            self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
+            if req.options is None:
+                self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
+            else:
+                flags, priority, timeout_us, packed, sequence_id = req.options
+                self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs,
+                                        flags, priority, timeout_us, req.params_offset,
+                                        len(packed) if packed else 0, sequence_id)
         except (ValueError, TypeError, OverflowError) as e:  # e.g. more dims than MAX_DIMS
             self._core.release_slot(slot)
             raise errors.InvalidArgumentError(f"model '{req.plan.name}': {e}") from None
@@ -473,7 +497,7 @@ class Engine:
         model, inputs, outputs, version = call
         try:
             resent = self.start(model, inputs, outputs, version, req.copy,
-                                with_future=req.future is not None, future=req.future)
+                                req.future is not None, req.options, future=req.future)
         except errors.ShmServeError:
             return None  # the name no longer resolves: the stale error says why
         resent.call = None

@@ -41,7 +41,7 @@ class Request:
     (output buffer too small), and alive while the server reads them."""
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
-                 "block", "block_bytes", "outputs", "sources_refs",
+                 "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset",
                  # (model, inputs, outputs, version) as the caller gave them, while the
                  # request may be sent again to a model resolved again (reloaded)
                  "call")

@@ -97,6 +97,10 @@ typedef struct {
   uint64_t out_offset[SHMS_MAX_TENSORS], out_bytes[SHMS_MAX_TENSORS];
   uint64_t block, block_bytes;
   uint32_t slot, generation;
+  /* The request's options (shms_request), from the caller's options tuple: 0 = none. */
+  uint32_t flags, priority, params_bytes;
+  uint64_t timeout_us, sequence_id, params_offset; /* params_offset: in the block, then the arena */
+  const char *params; /* the packed parameters (bytes held by the caller's tuple) */
 } call;
 
 static void drop_views(call *c) {
@@ -150,11 +154,40 @@ static int take_input(ClientCore *self, call *c, uint32_t index, PyObject *value
   return 1;
 }
 
+/* The options of a call: None (all 0), or the tuple Engine builds (request.options():
+ * flags, priority, timeout_us, packed parameters bytes or None, sequence_id). Returns
+ * 1, or 0: not for the C path (Python words the error). */
+static int take_options(call *c, PyObject *options) {
+  c->flags = c->priority = c->params_bytes = 0;
+  c->timeout_us = c->sequence_id = c->params_offset = 0;
+  c->params = NULL;
+  if (options == Py_None) return 1;
+  unsigned int flags, priority;
+  unsigned long long timeout_us, sequence_id;
+  PyObject *params;
+  if (!PyTuple_CheckExact(options) ||
+      !PyArg_ParseTuple(options, "IIKOK", &flags, &priority, &timeout_us, &params, &sequence_id)) {
+    PyErr_Clear();
+    return 0;
+  }
+  c->flags = flags;
+  c->priority = priority;
+  c->timeout_us = timeout_us;
+  c->sequence_id = sequence_id;
+  if (params != Py_None) {
+    if (!PyBytes_CheckExact(params) || PyBytes_GET_SIZE(params) > SHMS_MAX_PARAMETER_BYTES) return 0;
+    c->params = PyBytes_AS_STRING(params);
+    c->params_bytes = (uint32_t)PyBytes_GET_SIZE(params);
+  }
+  return 1;
+}
+
 /* The request's inputs, outputs and block size from the caller's arguments, checked
  * against the plan as Python's sources(), wanted() and Engine._prepare would.
  * Returns 1 (views and plan held: end_call), or 0: not for the C path (nothing held). */
 static int take_call(ClientCore *self, call *c, PyObject *model, PyObject *inputs,
-                     PyObject *outputs, PyObject *version) {
+                     PyObject *outputs, PyObject *version, PyObject *options) {
+  if (!take_options(c, options)) return 0;
   PyObject *entry = plan_entry(self, model, version);
   if (!entry) return 0;
   c->plan = PyTuple_GET_ITEM(entry, 0);
@@ -223,6 +256,11 @@ static int take_call(ClientCore *self, call *c, PyObject *model, PyObject *input
     size += aligned(n);
     if (size > self->alloc->end - self->alloc->begin) goto not_taken; /* Python words it */
   }
+  if (c->params_bytes) { /* the parameters after the output buffers, as Engine._prepare */
+    c->params_offset = size;
+    size += aligned(c->params_bytes);
+    if (size > self->alloc->end - self->alloc->begin) goto not_taken;
+  }
   c->block_bytes = size;
   return 1;
 not_taken:
@@ -245,6 +283,7 @@ static int place_call(ClientCore *self, call *c) {
     self->inputs_copied += c->in[i].adopted == 0;
   }
   for (uint32_t j = 0; j < c->n_out; j++) c->out_offset[j] += c->block;
+  if (c->params_bytes) c->params_offset += c->block;
   c->generation = shms_py_slot_generation(self, c->slot);
   return 1;
 }
@@ -260,6 +299,15 @@ static void write_call(ClientCore *self, call *c) {
   r->model_id = c->p->model_id;
   r->n_inputs = c->n_in;
   r->n_outputs = c->n_out;
+  if (c->params_bytes) {
+    memcpy(base + c->params_offset, c->params, c->params_bytes);
+    r->parameters_offset = c->params_offset;
+    r->parameters_bytes = c->params_bytes;
+  }
+  r->flags = c->flags; /* the rest of the options are 0 from shms_slot_begin */
+  r->priority = c->priority;
+  r->timeout_us = c->timeout_us;
+  r->sequence_id = c->sequence_id;
   for (uint32_t i = 0; i < c->n_in; i++) {
     shms_tensor_ref *t = &r->inputs[i];
     memset(t, 0, sizeof *t);
@@ -480,14 +528,15 @@ static PyObject *finish_slot(ClientCore *self, uint32_t slot, uint64_t block,
 
 /* ---------------------------------------------------------------- Python methods */
 
-/* infer(engine, model, inputs, outputs, version, timeout, copy): one request on the
+/* infer(engine, model, inputs, outputs, version, timeout, copy[, options]): one
+ * request on the
  * common path, from the caller's arrays to an InferResult. Returns None, having done
  * nothing, when the request is not for the C path (Engine.start takes it from the
  * beginning); or (status, message, results, stamps, block, block_bytes, started_ns)
  * when the answer is one Python finishes (Engine.infer); raises ServerTimeoutError,
  * the errors of Engine.check_server and of Engine._push_failed as the Python path. */
 PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 7) return PyErr_Format(PyExc_TypeError, "infer() takes 7 arguments");
+  if (nargs != 7 && nargs != 8) return PyErr_Format(PyExc_TypeError, "infer() takes 7 or 8 arguments");
   PyObject *engine = args[0], *timeout = args[5];
   int64_t timeout_ns = -1;
   if (timeout != Py_None) {
@@ -505,7 +554,8 @@ PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize
       shms_load(&self->ring.ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
     Py_RETURN_NONE; /* Python checks and says why */
   call c;
-  if (!take_call(self, &c, args[1], args[2], args[3], args[4])) Py_RETURN_NONE;
+  if (!take_call(self, &c, args[1], args[2], args[3], args[4], nargs == 8 ? args[7] : Py_None))
+    Py_RETURN_NONE;
   if (!place_call(self, &c)) {
     end_call(&c);
     Py_RETURN_NONE;
@@ -582,18 +632,19 @@ static PyObject *sources_of(const call *c) {
   return list;
 }
 
-/* send(engine, req, model, inputs, outputs, version): submit()'s send on the common
+/* send(engine, req, model, inputs, outputs, version[, options]): submit()'s send on the common
  * path. Fills req (plan, sources, wanted, slot, generation, block, block_bytes),
  * registers it in flight with its future and pushes it; True. None, having done
  * nothing, when the request is not for the C path; raises as Engine._send. */
 PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_t nargs) {
-  if (nargs != 6) return PyErr_Format(PyExc_TypeError, "send() takes 6 arguments");
+  if (nargs != 6 && nargs != 7) return PyErr_Format(PyExc_TypeError, "send() takes 6 or 7 arguments");
   PyObject *engine = args[0], *req = args[1];
   if (!mapped(self) ||
       shms_load(&self->ring.ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
     Py_RETURN_NONE;
   call c;
-  if (!take_call(self, &c, args[2], args[3], args[4], args[5])) Py_RETURN_NONE;
+  if (!take_call(self, &c, args[2], args[3], args[4], args[5], nargs == 7 ? args[6] : Py_None))
+    Py_RETURN_NONE;
   PyObject *sources = sources_of(&c), *wanted = NULL;
   if (!sources) goto fail_views;
   if (args[4] == Py_None) {

@@ -65,7 +65,7 @@ using namespace shms_detail;
 #define SHMS_MAGIC_CONTROL 0x314c5443534d4853ULL /* "SHMSCTL1" little-endian */
 #define SHMS_MAGIC_ARENA 0x314e5241534d4853ULL   /* "SHMSARN1" */
 #define SHMS_MAGIC_SERVER 0x31565253534d4853ULL  /* "SHMSSRV1" */
-#define SHMS_PROTOCOL_VERSION 2u
+#define SHMS_PROTOCOL_VERSION 3u
 
 #define SHMS_MAX_TENSORS 16         /* inputs per request, and outputs per request */
 #define SHMS_MAX_DIMS 8             /* rank of a tensor, batch dimension included */
@@ -82,6 +82,12 @@ using namespace shms_detail;
 #define SHMS_MAILBOX_RETIRED 0xFFFFFFFFu /* shms_mailbox.pid of a retired (crash-looping) instance */
 #define SHMS_BATCH_STATS 1024       /* per-batch-size statistics: sizes 1..1023, 1024+ in [1023] */
 #define SHMS_LATENCY_BUCKETS 320    /* log-linear duration histogram, shms_latency_bucket() */
+#define SHMS_MAX_PARAMETER_BYTES 65536 /* shms_request.parameters_bytes limit (msgpack map) */
+/* shms_request.flags: Triton's request flags (sequence batching reads them; a model
+ * without it ignores them). Any other bit is refused. */
+#define SHMS_REQUEST_SEQUENCE_START 1u
+#define SHMS_REQUEST_SEQUENCE_END 2u
+#define SHMS_REQUEST_FLAGS_KNOWN (SHMS_REQUEST_SEQUENCE_START | SHMS_REQUEST_SEQUENCE_END)
 
 /* Every constant the other languages need, X(name, value). */
 #define SHMS_CONSTANTS(X)                                                              \
@@ -91,7 +97,10 @@ using namespace shms_detail;
   X(ERROR_BYTES, SHMS_ERROR_BYTES) X(NAME_BYTES, SHMS_NAME_BYTES)                      \
   X(MAX_BATCH_REQUESTS, SHMS_MAX_BATCH_REQUESTS) X(DATA_ALIGN, SHMS_DATA_ALIGN)        \
   X(BATCH_HIST, SHMS_BATCH_HIST) X(MAILBOX_RETIRED, SHMS_MAILBOX_RETIRED)             \
-  X(BATCH_STATS, SHMS_BATCH_STATS) X(LATENCY_BUCKETS, SHMS_LATENCY_BUCKETS)
+  X(BATCH_STATS, SHMS_BATCH_STATS) X(LATENCY_BUCKETS, SHMS_LATENCY_BUCKETS)            \
+  X(MAX_PARAMETER_BYTES, SHMS_MAX_PARAMETER_BYTES)                                     \
+  X(REQUEST_SEQUENCE_START, SHMS_REQUEST_SEQUENCE_START)                               \
+  X(REQUEST_SEQUENCE_END, SHMS_REQUEST_SEQUENCE_END)
 
 /* ---------------------------------------------------------------- enums */
 
@@ -237,14 +246,21 @@ typedef struct shms_tensor_ref {
   int64_t shape[SHMS_MAX_DIMS];
 } shms_tensor_ref;
 
-/* What a client asks for. Written by the client while the slot is FREE. */
+/* What a client asks for. Written by the client while the slot is FREE. The options
+ * (flags .. sequence_id) are 0 for "the model's default" / "none": shms_slot_begin
+ * zeroes them, a client sets those it uses. */
 typedef struct shms_request {
   uint32_t model_id; /* a handle (SHMS_MODEL_HANDLE) of the server's model table, from
                       * the control socket; the batcher's copy holds the index alone */
   uint32_t n_inputs;
   uint32_t n_outputs; /* outputs wanted, 1..SHMS_MAX_TENSORS */
-  uint32_t flags;     /* reserved, 0 */
-  uint64_t reserved[2];
+  uint32_t flags;     /* SHMS_REQUEST_SEQUENCE_START | _END; other bits 0 */
+  uint32_t priority;  /* 1 = highest; 0 (or above priority_levels): the model's default */
+  uint32_t parameters_bytes; /* msgpack map of request parameters, 0..SHMS_MAX_PARAMETER_BYTES */
+  uint64_t timeout_us;        /* queue timeout; 0: the model's; used if allow_timeout_override */
+  uint64_t parameters_offset; /* arena offset of the parameters (any alignment) */
+  uint64_t sequence_id;       /* correlation id for sequence batching; 0: none */
+  uint64_t reserved[2];       /* 0 (string correlation ids, later) */
   shms_tensor_ref inputs[SHMS_MAX_TENSORS];
   shms_tensor_ref outputs[SHMS_MAX_TENSORS]; /* index, offset, nbytes (capacity) */
 } shms_request;
@@ -302,7 +318,7 @@ typedef struct shms_slot {
 #endif
   shms_request request;
   shms_tensor_ref results[SHMS_MAX_TENSORS];
-  uint8_t pad[16];
+  uint8_t pad[48];
 } shms_slot;
 
 typedef struct shms_arena_header {
@@ -373,6 +389,7 @@ typedef struct shms_model_entry {
    * (unload, reload) and when it is given to another: a request's model_id is a handle,
    * SHMS_MODEL_HANDLE(index, generation), and one of an older generation is refused. */
   SHMS_ATOMIC(uint32_t) generation;
+  SHMS_ATOMIC(uint32_t) answer_turn; /* preserve_ordering: the last batch ticket answered */
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
   shms_model_stats stats;
@@ -385,7 +402,7 @@ typedef struct shms_shadow {
   uint32_t generation; /* the slot's request generation */
   uint32_t lease;      /* the client's lease generation (shms_client_entry.generation) */
   uint32_t batch_rows; /* first dimension of the inputs, 1 for unbatched models */
-  uint32_t reserved;
+  uint32_t reserved;   /* 0 */
   uint64_t taken_ns;   /* when the batcher took it off the ring: request durations start */
   shms_request request;
 } shms_shadow;
@@ -394,11 +411,11 @@ typedef struct shms_shadow {
 typedef struct shms_mailbox {
   SHMS_ATOMIC(uint32_t) state; /* futex: enum shms_mailbox_state, IDLE <-> ASSIGNED */
   SHMS_ATOMIC(uint32_t) worker_sleeping;
-  uint32_t reserved0;
+  SHMS_ATOMIC(uint32_t) order_waiting; /* worker: may sleep on its model's answer_turn */
   uint32_t n;   /* requests in shadow[], written before state becomes ASSIGNED */
   uint32_t pid; /* worker's pid, 0 until it started, SHMS_MAILBOX_RETIRED once retired */
   SHMS_ATOMIC(uint32_t) batcher_waiting; /* batcher has work for this model: ring when idle */
-  uint64_t reserved1;
+  uint64_t ticket; /* preserve_ordering: the batch's ticket, 1..2^32-1 (0: answer at once) */
   uint32_t attempt; /* 0 when handed over; 1 while a successor re-runs it (retry_on_worker_crash) */
   uint32_t reserved2;
   SHMS_ATOMIC(uint64_t) wakeups[3]; /* worker: its waits by enum shms_wake */
@@ -434,16 +451,17 @@ typedef struct shms_server_header {
  * shows that Python follows the header); these pins hold for every real build. */
 #ifndef SHMS_LAYOUT_PROBE
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_ref) == 96, "shms_tensor_ref size");
-SHMS_STATIC_ASSERT(sizeof(shms_request) == 32 + 2 * SHMS_MAX_TENSORS * 96, "shms_request size");
+SHMS_STATIC_ASSERT(sizeof(shms_request) == 64 + 2 * SHMS_MAX_TENSORS * 96, "shms_request size");
+SHMS_STATIC_ASSERT(offsetof(shms_request, inputs) == 64, "shms_request.inputs offset");
 SHMS_STATIC_ASSERT(sizeof(shms_ring_cell) == 32, "shms_ring_cell size");
 SHMS_STATIC_ASSERT(sizeof(shms_control) == 256, "shms_control size");
 SHMS_STATIC_ASSERT(offsetof(shms_control, enqueue_pos) == 64, "enqueue_pos offset");
 SHMS_STATIC_ASSERT(offsetof(shms_control, dequeue_pos) == 128, "dequeue_pos offset");
 SHMS_STATIC_ASSERT(offsetof(shms_control, doorbell) == 192, "doorbell offset");
-SHMS_STATIC_ASSERT(sizeof(shms_slot) == 4992, "shms_slot size");
+SHMS_STATIC_ASSERT(sizeof(shms_slot) == 5056, "shms_slot size");
 SHMS_STATIC_ASSERT(sizeof(shms_slot) % 64 == 0, "slots are cache-line aligned");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, request) == 336, "shms_slot.request offset");
-SHMS_STATIC_ASSERT(offsetof(shms_slot, results) == 3440, "shms_slot.results offset");
+SHMS_STATIC_ASSERT(offsetof(shms_slot, results) == 3472, "shms_slot.results offset");
 SHMS_STATIC_ASSERT(sizeof(shms_arena_header) == 128, "shms_arena_header size");
 SHMS_STATIC_ASSERT(offsetof(shms_arena_header, completions) == 64, "completions offset");
 SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
@@ -467,6 +485,9 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   S(request, shms_request)                                                              \
   F(request, shms_request, model_id) F(request, shms_request, n_inputs)                 \
   F(request, shms_request, n_outputs) F(request, shms_request, flags)                   \
+  F(request, shms_request, priority) F(request, shms_request, parameters_bytes)         \
+  F(request, shms_request, timeout_us) F(request, shms_request, parameters_offset)      \
+  F(request, shms_request, sequence_id)                                                 \
   F(request, shms_request, inputs) F(request, shms_request, outputs)                    \
   S(ring_cell, shms_ring_cell)                                                          \
   F(ring_cell, shms_ring_cell, seq) F(ring_cell, shms_ring_cell, client_id)             \
@@ -502,6 +523,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(model, shms_model_entry, max_batch_size) F(model, shms_model_entry, n_inputs)       \
   F(model, shms_model_entry, n_outputs) F(model, shms_model_entry, ready)               \
   F(model, shms_model_entry, optional_inputs) F(model, shms_model_entry, generation)   \
+  F(model, shms_model_entry, answer_turn)                                               \
   F(model, shms_model_entry, inputs) F(model, shms_model_entry, outputs)                \
   F(model, shms_model_entry, stats)                                                     \
   S(model_stats, shms_model_stats)                                                      \
@@ -521,6 +543,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(mailbox, shms_mailbox, state) F(mailbox, shms_mailbox, worker_sleeping)             \
   F(mailbox, shms_mailbox, n) F(mailbox, shms_mailbox, pid)                             \
   F(mailbox, shms_mailbox, batcher_waiting) F(mailbox, shms_mailbox, attempt)           \
+  F(mailbox, shms_mailbox, ticket) F(mailbox, shms_mailbox, order_waiting)              \
   F(mailbox, shms_mailbox, wakeups) F(mailbox, shms_mailbox, executions)                \
   F(mailbox, shms_mailbox, shadow)                                                      \
   S(server, shms_server_header)                                                         \

@@ -151,6 +151,17 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
   }
   if (r->n_outputs == 0)
     SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request names no output buffer", model);
+  if (r->flags & ~SHMS_REQUEST_FLAGS_KNOWN)
+    SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR, "model '%s': request flags 0x%x set unknown bits "
+              "(known: SEQUENCE_START 0x1, SEQUENCE_END 0x2)", model, r->flags);
+  if (r->parameters_bytes > SHMS_MAX_PARAMETER_BYTES)
+    SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request parameters hold %u bytes (limit %d)",
+              model, r->parameters_bytes, SHMS_MAX_PARAMETER_BYTES);
+  if (r->parameters_bytes && (r->parameters_offset < data_begin || r->parameters_offset > data_end ||
+                              r->parameters_bytes > data_end - r->parameters_offset))
+    SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
+              "model '%s': request parameters [%llu, +%u) are outside the caller's arena", model,
+              (unsigned long long)r->parameters_offset, r->parameters_bytes);
   *batch_rows = batched ? (uint32_t)rows : 1u;
   return SHMS_OK;
 #undef SHMS_FAIL

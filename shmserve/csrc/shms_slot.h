@@ -26,9 +26,11 @@
 #define SHMS_PUSH_LEASE_CHECK_EVERY 8 /* RECLAIMED pushes between lease checks */
 
 /* Client: starts a request in a FREE slot and returns the request to fill in place
- * (model_id, counts and tensor refs). */
+ * (model_id, counts and tensor refs; options, zeroed here, if it uses any). */
 static inline shms_request *shms_slot_begin(shms_slot *s) {
   s->t_ns[SHMS_T_CLIENT_WRITE] = shms_now_ns();
+  /* The options default to 0 ("the model's default", "none"): one 32-byte store. */
+  memset(&s->request.flags, 0, offsetof(shms_request, reserved) - offsetof(shms_request, flags));
   return &s->request;
 }
 
@@ -38,7 +40,6 @@ static inline shms_request *shms_slot_begin(shms_slot *s) {
  * SUBMITTED -> QUEUED in shms_take_request. */
 static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
   uint64_t t0 = s->t_ns[SHMS_T_CLIENT_WRITE];
-  s->request.flags = 0;
   s->request.reserved[0] = s->request.reserved[1] = 0;
   s->generation = gen;
   s->status = -1;

@@ -302,17 +302,26 @@ static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
 
 /* ---------------------------------------------------------------- client side */
 
-/* Client: write_request(slot_off, generation, model_id, inputs, outputs) fills a FREE
- * slot in place and publishes it SUBMITTED (shms_slot_begin/submit). The caller
+/* Client: write_request(slot_off, generation, model_id, inputs, outputs[, flags,
+ * priority, timeout_us, parameters_offset, parameters_bytes, sequence_id]) fills a
+ * FREE slot in place and publishes it SUBMITTED (shms_slot_begin/submit). The caller
  * pushes the ring entry afterwards (push_request). */
 static PyObject *m_write_request(Mapping *self, PyObject *args) {
-  unsigned long long off;
-  unsigned int gen, model_id;
+  unsigned long long off, timeout_us = 0, params_off = 0, sequence_id = 0;
+  unsigned int gen, model_id, flags = 0, priority = 0, params_bytes = 0;
   PyObject *inputs, *outputs;
-  if (!PyArg_ParseTuple(args, "KIIOO", &off, &gen, &model_id, &inputs, &outputs)) return NULL;
+  if (!PyArg_ParseTuple(args, "KIIOO|IIKKIK", &off, &gen, &model_id, &inputs, &outputs, &flags,
+                        &priority, &timeout_us, &params_off, &params_bytes, &sequence_id))
+    return NULL;
   shms_slot *s = slot_at(self, off);
   if (!s) return NULL;
   shms_request *r = shms_slot_begin(s);
+  r->flags = flags;
+  r->priority = priority;
+  r->timeout_us = timeout_us;
+  r->parameters_offset = params_off;
+  r->parameters_bytes = params_bytes;
+  r->sequence_id = sequence_id;
   int ni = parse_refs(inputs, r->inputs);
   if (ni < 0) return NULL;
   int no = parse_refs(outputs, r->outputs);
@@ -400,7 +409,8 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
  * lease, server, shadow_off, models_off, n_models, data_begin) claims the slot's
  * request into the shadow at shadow_off (server mapping) and validates the copy
  * (shms_take_request).
- * -> (model_id, batch_rows, shape_key) on success,
+ * -> (model_id, batch_rows, shape_key, priority, timeout_us, parameters_offset,
+ *     parameters_bytes) on success (the server copy's options),
  *    (status, message) when invalid (the caller answers the client),
  *    None when the slot was not SUBMITTED with that generation (stale entry). */
 static PyObject *m_take(Mapping *arena, PyObject *args) {
@@ -423,20 +433,25 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   if (st != SHMS_OK) return Py_BuildValue("(is)", st, err);
   int64_t key[SHMS_SHAPE_KEY_MAX];
   size_t nk = shms_shape_key(&sh->request, &models[sh->request.model_id], key);
-  return Py_BuildValue("(IIy#)", sh->request.model_id, sh->batch_rows, (const char *)key,
-                       (Py_ssize_t)(nk * sizeof(int64_t)));
+  const shms_request *r = &sh->request;
+  return Py_BuildValue("(IIy#IKKI)", r->model_id, sh->batch_rows, (const char *)key,
+                       (Py_ssize_t)(nk * sizeof(int64_t)), r->priority,
+                       (unsigned long long)r->timeout_us, (unsigned long long)r->parameters_offset,
+                       r->parameters_bytes);
 }
 
 /* read_shadow(off) -> (client_id, slot, generation, lease, batch_rows, inputs, outputs,
- * taken_ns) from a validated shms_shadow in the server segment. */
+ * taken_ns, parameters_offset, parameters_bytes) from a validated shms_shadow in the
+ * server segment. */
 static PyObject *m_read_shadow(Mapping *self, PyObject *arg) {
   shms_shadow *sh =
       (shms_shadow *)shms_py_at(self, PyLong_AsUnsignedLongLong(arg), sizeof(shms_shadow), 8);
   if (!sh) return NULL;
   const shms_request *r = &sh->request;
-  return Py_BuildValue("(IIIIINNK)", sh->client_id, sh->slot, sh->generation, sh->lease,
+  return Py_BuildValue("(IIIIINNKKI)", sh->client_id, sh->slot, sh->generation, sh->lease,
                        sh->batch_rows, shms_py_refs_list(r->inputs, r->n_inputs),
-                       shms_py_refs_list(r->outputs, r->n_outputs), (unsigned long long)sh->taken_ns);
+                       shms_py_refs_list(r->outputs, r->n_outputs), (unsigned long long)sh->taken_ns,
+                       (unsigned long long)r->parameters_offset, r->parameters_bytes);
 }
 
 /* stamp(slot_off, which): record a timestamp in a slot (server side). */

@@ -25,9 +25,11 @@ class Unsupported(BadRequest):
     """The request asks for something this front does not serve (yet), named in the text."""
 
 
-# Request-level and per-tensor parameters other than these are refused by name, so that
-# nothing a caller asks for is silently ignored.
-REQUEST_PARAMETERS = {"binary_data_output"}
+# Per-tensor parameters other than these are refused by name, so that nothing a caller
+# asks for is silently ignored. Request-level parameters are Triton's: the reserved keys
+# below are the front's or options of the request (priority, timeout), any other goes to
+# the model as a request parameter.
+REQUEST_PARAMETERS = {"binary_data_output", "priority", "timeout"}
 SHM_PARAMETERS = {"shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"}
 INPUT_PARAMETERS = {"binary_data_size"} | SHM_PARAMETERS
 OUTPUT_PARAMETERS = {"binary_data"} | SHM_PARAMETERS
@@ -35,17 +37,41 @@ NOT_YET = {  # parameter -> the extension it belongs to
     "classification": "classification extension",
     "sequence_id": "sequence extension", "sequence_start": "sequence extension",
     "sequence_end": "sequence extension",
-    "priority": "schedule policy extension", "timeout": "schedule policy extension",
 }
 
 
-def check_parameters(params, allowed: set, where: str, front: str = "HTTP") -> dict:
+def request_options(header: dict) -> dict:
+    """Client.infer's options from a request's `parameters` (checked by plan_inputs):
+    priority and timeout (microseconds) as Triton's HTTP front maps them, every other
+    key but binary_data_output as a request parameter for the model."""
+    params = header.get("parameters") or {}
+    options = {}
+    for key, option in (("priority", "priority"), ("timeout", "timeout_us")):
+        if key in params:
+            value = params[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+                raise BadRequest(f"request: parameter '{key}' must be a non-negative integer, "
+                                 f"got {value!r}")
+            options[option] = value
+    custom = {k: v for k, v in params.items() if k not in REQUEST_PARAMETERS}
+    if custom:
+        try:
+            P.encode_parameters(custom)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        options["parameters"] = custom
+    return options
+
+
+def check_parameters(params, allowed: set, where: str, front: str = "HTTP",
+                     custom: bool = False) -> dict:
+    """custom: keys neither allowed nor reserved are the caller's (request level)."""
     if params is None:
         return {}
     if not isinstance(params, dict):
         raise BadRequest(f"{where}: 'parameters' must be a JSON object")
     for key in params:
-        if key in allowed:
+        if key in allowed or (custom and key not in NOT_YET):
             continue
         if key in NOT_YET:
             raise Unsupported(f"{where}: parameter '{key}' ({NOT_YET[key]}) is not supported "
@@ -144,7 +170,7 @@ def plan_inputs(header: dict, empty, binary_bytes: int | None = None,
     binary_bytes: the length of the binary section when the body's length is known
     (the binary_data_size of the inputs must add up to it), else at most max_binary:
     nothing is allocated for sizes the body cannot hold."""
-    check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request")
+    check_parameters(header.get("parameters"), REQUEST_PARAMETERS, "request", custom=True)
     inputs = header.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise BadRequest("request has no 'inputs' (a non-empty JSON array)")

@@ -283,6 +283,7 @@ class Front:
             filler.feed(chunk)
         filler.close()
         names, binary = codec.wanted_outputs(header)
+        options = codec.request_options(header)
         shm_out = codec.shm_outputs(header)
         shm_in = [t for t in inputs if t.shm is not None]
         targets = {}
@@ -297,7 +298,7 @@ class Front:
         arrays = {t.name: t.finish() for t in inputs}
         async with self.in_flight:
             try:
-                result = await self.client.infer_async(model, arrays, names, version)
+                result = await self.client.infer_async(model, arrays, names, version, **options)
             except errors.ModelNotFoundError:
                 raise HttpError(404, not_found_message(model, version)) from None
         datatypes = {t["name"]: t["datatype"] for t in

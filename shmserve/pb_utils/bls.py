@@ -85,13 +85,20 @@ def _send_args(request) -> tuple:
     return request._model_name, inputs, request._requested or None, version
 
 
+def _options(request) -> dict:
+    """The request options a BLS request forwards: its parameters and, as Triton's
+    request timeout, its timeout (microseconds) for the queue too."""
+    return {"parameters": request._parameters or None, "timeout_us": max(request._timeout_us, 0)}
+
+
 def execute(request) -> "messages.InferenceResponse":
     refused = _refused(request)
     if refused is not None:
         return refused
     model, inputs, outputs, version = _send_args(request)
     try:
-        result = _client().infer(model, inputs, outputs, version, timeout=_timeout_s(request))
+        result = _client().infer(model, inputs, outputs, version, timeout=_timeout_s(request),
+                                 **_options(request))
     except ServerTimeoutError:
         return _timed_out(request)
     except ShmServeError as e:
@@ -105,7 +112,7 @@ async def execute_async(request) -> "messages.InferenceResponse":
         return refused
     model, inputs, outputs, version = _send_args(request)
     try:
-        future = _client().submit(model, inputs, outputs, version)
+        future = _client().submit(model, inputs, outputs, version, **_options(request))
         result = await asyncio.wait_for(asyncio.wrap_future(future), _timeout_s(request))
     except asyncio.TimeoutError:
         return _timed_out(request)

@@ -6,6 +6,9 @@ BLS requests a model builds to call another model (exec() / async_exec(), bls.py
 """
 from __future__ import annotations
 
+import json
+
+from ..protocol import encode_parameters
 from . import bls
 from .errors import NotImplementedByShmserve, TritonError, TritonModelException
 from .tensor import Tensor
@@ -25,7 +28,7 @@ class InferenceRequest:
     requested_output_names=[...], model_version=-1, ...).exec()"""
 
     __slots__ = ("_model_name", "_inputs", "_requested", "_model_version", "_request_id",
-                 "_correlation_id", "_flags", "_timeout_us")
+                 "_correlation_id", "_flags", "_timeout_us", "_parameters")
 
     def __init__(self, model_name: str = "", inputs=(), requested_output_names=(),
                  model_version: int = -1, request_id: str = "", correlation_id=0,
@@ -50,9 +53,17 @@ class InferenceRequest:
         if correlation_id:
             raise NotImplementedByShmserve("pb_utils.InferenceRequest(correlation_id=...)",
                                            "sequence batching")
-        if parameters:
-            raise NotImplementedByShmserve("pb_utils.InferenceRequest(parameters=...)",
-                                           "shmserve's protocol carries no request parameters")
+        if isinstance(parameters, str):  # Triton takes a JSON object string too
+            try:
+                parameters = json.loads(parameters)
+            except ValueError as e:
+                raise TritonModelException(f"pb_utils.InferenceRequest('{model_name}'): "
+                                           f"parameters is not a JSON object: {e}") from None
+        parameters = dict(parameters or {})
+        try:
+            encode_parameters(parameters)
+        except (TypeError, ValueError) as e:
+            raise TritonModelException(f"pb_utils.InferenceRequest('{model_name}'): {e}") from None
         if preferred_memory is not None:
             raise NotImplementedByShmserve("pb_utils.InferenceRequest(preferred_memory=...)",
                                            "BLS outputs are host memory")
@@ -67,6 +78,7 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = flags
         self._timeout_us = int(timeout)
+        self._parameters = parameters
 
     # -- what a request holds -----------------------------------------------------
     def inputs(self) -> list:
@@ -88,9 +100,9 @@ class InferenceRequest:
         return self._timeout_us
 
     def parameters(self) -> str:
-        """The request's parameters as a JSON object string, as Triton gives them.
-        shmserve's protocol carries none: always "{}"."""
-        return _NO_PARAMETERS
+        """The request's parameters as a JSON object string, as Triton gives them
+        (the caller's request parameters: name -> bool / int / float / str)."""
+        return json.dumps(self._parameters) if self._parameters else _NO_PARAMETERS
 
     def is_cancelled(self) -> bool:
         return False  # shmserve's protocol has no cancellation: a request runs to its answer
@@ -125,11 +137,12 @@ class InferenceRequest:
         return await bls.execute_async(self)
 
 
-def incoming(inputs: list, requested: list) -> InferenceRequest:
+def incoming(inputs: list, requested: list, parameters: dict) -> InferenceRequest:
     """A request execute() receives (no checks: the batcher validated it)."""
     r = _new(InferenceRequest)
     r._model_name, r._inputs, r._requested, r._model_version = "", inputs, requested, -1
     r._request_id, r._correlation_id, r._flags, r._timeout_us = "", 0, 0, 0
+    r._parameters = parameters
     return r
 
 

@@ -5,4 +5,5 @@ from .control import *  # noqa: F401,F403
 from .dtypes import *  # noqa: F401,F403
 from .layout import *  # noqa: F401,F403
 from .ring import *  # noqa: F401,F403
+from .options import *  # noqa: F401,F403
 from .dtypes import _NUMPY  # noqa: F401

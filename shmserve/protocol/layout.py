@@ -21,6 +21,11 @@ DATA_ALIGN = LAYOUT["DATA_ALIGN"]
 MAX_BATCH_REQUESTS = LAYOUT["MAX_BATCH_REQUESTS"]
 MAILBOX_RETIRED = LAYOUT["MAILBOX_RETIRED"]
 SLOT_BYTES = LAYOUT["slot.size"]
+def clip_error(message: str, limit: int = ERROR_BYTES - 1) -> str:
+    """An error message that fits a slot's error field, cut on a UTF-8 character boundary."""
+    return message.encode()[:limit].decode(errors="ignore")
+
+
 TensorRef = _core.TensorRef  # (index, dtype, offset, nbytes, shape) + memory_kind, device_id
 
 _ENUMS = _core.enums()

@@ -39,6 +39,7 @@ class Model:
     scheduler: Scheduler
     pending: int = 0  # queue length last written to the model's statistics
     draining: bool = False  # unloading: no new request; finish those queued, then go
+    ticket: int = 0  # preserve_ordering: the last batch ticket handed out
 
 
 class Batcher:
@@ -87,6 +88,11 @@ class Batcher:
         spec = ModelSpec.from_dict(d["spec"])
         m = Model(d["model_id"], spec, list(d["workers"]), make_scheduler(spec),
                   draining=d.get("draining", False))
+        if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
+            srv, layout = self.maps.srv, self.maps.layout
+            m.ticket = max([srv.load32(layout.model(m.model_id) + L["model.answer_turn"])]
+                           + [srv.load64(layout.mailbox(w) + L["mailbox.ticket"]) & 0xFFFFFFFF
+                              for w in m.workers])
         self.models.append(m)
         self.schedulers[m.model_id] = m.scheduler
 
@@ -193,9 +199,13 @@ class Batcher:
             p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)
         self.maps.srv.record_waits(self.maps.layout.model(q.model_id), Duration.QUEUE,
                                    [p.arrived_ns for p in batch])
+        mb = self.maps.layout.mailbox(worker)
+        if q.spec.preserve_ordering:  # the worker answers after the batches handed out before
+            q.ticket = q.ticket % 0xFFFFFFFF + 1  # 1 .. 2^32-1: 0 means unordered
+            self.maps.srv.store64(mb + L["mailbox.ticket"], q.ticket)
         # SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
-        # worker's doorbell_wait on its mailbox state.
-        self.maps.srv.mailbox_assign(self.maps.layout.mailbox(worker), [p.shadow for p in batch])
+        # worker's doorbell_wait on its mailbox state; the ticket is stored before it.
+        self.maps.srv.mailbox_assign(mb, [p.shadow for p in batch])
 
     # -- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:

@@ -14,8 +14,9 @@ import logging
 from typing import Sequence
 
 from .._core import now_ns
-from ..protocol import (LAYOUT, STALE_MODEL_ID, POP_CORRUPT, POP_OK, POP_STALLED, ClientState, MailboxState,
-                        RingConsumer, SlotState, Status, Timestamp)
+from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, STALE_MODEL_ID, ClientState,
+                        FailureReason, MailboxState, RingConsumer, SlotState, Status, Timestamp,
+                        clip_error, decode_parameters)
 from .maps import ServerMaps
 from .scheduling import Pending, Rejection, Scheduler
 
@@ -108,8 +109,16 @@ class Intake:
                 self.maps.record_answers(model_id, [(status, now_ns())])
             arena.ops.complete(slot_off, gen, status, msg, [])
             return
-        model_id, rows, key = taken
-        p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen)
+        model_id, rows, key, priority, timeout_us, params_off, params_bytes = taken
+        p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen,
+                    priority, timeout_us)
+        if params_bytes:  # hostile bytes: checked here, where an error answers only this request
+            try:
+                decode_parameters(arena.buffer[params_off:params_off + params_bytes])
+            except ValueError as e:
+                self.reject(model_id, Rejection(p, Status.INVALID_ARG, clip_error(
+                    f"model '{self.schedulers[model_id].spec.name}': {e}"), FailureReason.OTHER))
+                return
         # A request pushed once the server began to stop is refused; earlier ones drain.
         # The ENQUEUE stamp is the client's word: a client can only win its own request
         # a place in the drain, which --exit-timeout-secs bounds anyway.

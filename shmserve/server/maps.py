@@ -18,6 +18,11 @@ L = LAYOUT
 log = logging.getLogger("shmserve.maps")
 
 
+def _after(a: int, b: int) -> bool:
+    """Ticket a comes after ticket b (32-bit tickets that wrap)."""
+    return 0 < (a - b) & 0xFFFFFFFF < 1 << 31
+
+
 class ServerMaps:
     def __init__(self, boot: dict):
         self.layout = ServerLayout(boot["max_clients"], boot["slots_per_client"],
@@ -103,7 +108,7 @@ class ServerMaps:
         answered = []
         for index in srv.mailbox_batch(mb):
             shadow = self.layout.shadow_at(index)
-            client_id, slot, generation, lease, _, _, _, taken_ns = srv.read_shadow(shadow)
+            client_id, slot, generation, lease, _, _, _, taken_ns, _, _ = srv.read_shadow(shadow)
             mapped = self.arena(client_id, lease)
             if mapped is not None:
                 arena, layout = mapped
@@ -111,10 +116,44 @@ class ServerMaps:
                                       message, []):
                     answered.append((int(Status.UNAVAILABLE), taken_ns))
         self.record_answers(model_id, answered)  # after: only those answered count
+        ticket = srv.load64(mb + L["mailbox.ticket"]) & 0xFFFFFFFF
+        if ticket:  # preserve_ordering: its turn is over, answered or not
+            self.end_answer_turn(model_id, ticket)
         # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
         # mailbox state in dispatch(): only then may it hand this mailbox a new batch.
         srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
         return len(answered)
+
+    # -- preserve_ordering: a model's batches answer in the order they were handed out --
+    def wait_answer_turn(self, model_id: int, ticket: int, siblings: list[int], own: int) -> None:
+        """Blocks until every batch of the model handed out before `ticket` (the batch
+        in mailbox `own`) has answered, or is held by none of its instances' mailboxes
+        (`siblings`) any more: a batch whose worker died is answered out of turn by
+        fail_batch, and nobody waits for it."""
+        srv = self.srv
+        turn_off = self.layout.model(model_id) + L["model.answer_turn"]
+        state, mb_ticket = L["mailbox.state"], L["mailbox.ticket"]
+        while True:
+            turn = srv.load32(turn_off)
+            if not _after(ticket, (turn + 1) & 0xFFFFFFFF):
+                return
+            if not any(mb != own and srv.load32(mb + state) == MailboxState.ASSIGNED
+                       and _after(ticket, srv.load64(mb + mb_ticket) & 0xFFFFFFFF)
+                       for mb in siblings):
+                return
+            # SYNC POINT: woken by end_answer_turn's store + wake; the slice re-checks
+            # the siblings (one that died holds no ticket any more).
+            srv.doorbell_wait(turn_off, own + L["mailbox.order_waiting"], turn, 0, 10_000_000)
+
+    def end_answer_turn(self, model_id: int, ticket: int) -> None:
+        """The batch of `ticket` has answered: the next may."""
+        srv = self.srv
+        turn_off = self.layout.model(model_id) + L["model.answer_turn"]
+        while True:
+            turn = srv.load32(turn_off)
+            if not _after(ticket, turn) or srv.cas32(turn_off, turn, ticket):
+                break
+        srv.wake(turn_off)
 
     def ring_batcher(self) -> None:
         self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])

@@ -84,7 +84,14 @@ class ModelSpec:
     config_text: str
     retry_on_worker_crash: bool = False  # re-run a batch once if its worker died in it
     max_queue_size: int = 0  # dynamic_batching.default_queue_policy; 0: unbounded (all slots)
-    queue_timeout_us: int = 0  # ... default_timeout_microseconds with REJECT; 0: none
+    queue_timeout_us: int = 0  # ... default_timeout_microseconds; 0: none
+    queue_delay_on_timeout: bool = False  # ... timeout_action DELAY (else REJECT)
+    allow_timeout_override: bool = False  # ... allow_timeout_override
+    priority_levels: int = 0  # dynamic_batching.priority_levels; 0: one level
+    default_priority_level: int = 0
+    # priority_queue_policy: ((level, max_queue_size, timeout_us, delay, allow_override), ...)
+    priority_queue_policies: tuple = ()
+    preserve_ordering: bool = False  # dynamic_batching.preserve_ordering
     instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
     warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
     devices: tuple[int, ...] = ()  # per instance: devices.CPU or a GPU number; () all CPU
@@ -102,6 +109,7 @@ class ModelSpec:
         d["outputs"] = tuple(_tensor_from_dict(t) for t in d["outputs"])
         d["preferred_batch_sizes"] = tuple(d["preferred_batch_sizes"])
         d["warmup"] = tuple(d.get("warmup", ()))
+        d["priority_queue_policies"] = tuple(tuple(p) for p in d.get("priority_queue_policies", ()))
         d["devices"] = tuple(d.get("devices", ()))
         return cls(**d)
 
@@ -361,8 +369,22 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     if balancing not in (BALANCED, GREEDY):
         raise ConfigError(f'{where}: parameters "{BALANCING_PARAMETER}" must be "{BALANCED}" or '
                           f'"{GREEDY}", got {params[BALANCING_PARAMETER]!r}')
-    policy = cfg.dynamic_batching.default_queue_policy
-    reject = policy.timeout_action == mc.ModelQueuePolicy.REJECT
+    dynb = cfg.dynamic_batching
+    policy = dynb.default_queue_policy
+    levels, default_level = int(dynb.priority_levels), int(dynb.default_priority_level)
+    if levels and not 1 <= default_level <= levels:
+        raise ConfigError(f"{where}: dynamic_batching default_priority_level {default_level} must "
+                          f"lie in 1..priority_levels ({levels})")
+    if not levels and default_level:
+        raise ConfigError(f"{where}: dynamic_batching default_priority_level needs priority_levels")
+    for level in dynb.priority_queue_policy:
+        if not 1 <= level <= levels:
+            raise ConfigError(f"{where}: dynamic_batching priority_queue_policy key {level} must lie "
+                              f"in 1..priority_levels ({levels})")
+    level_policies = tuple(
+        (int(level), int(p.max_queue_size), int(p.default_timeout_microseconds),
+         p.timeout_action == mc.ModelQueuePolicy.DELAY, bool(p.allow_timeout_override))
+        for level, p in sorted(dynb.priority_queue_policy.items()))
     specs = []
     for v in _versions(model_dir, cfg, where):
         path = model_dir / str(v) / model_file
@@ -380,7 +402,11 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
             parameters=params, config_text=text_format.MessageToString(cfg),
             retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),
-            queue_timeout_us=int(policy.default_timeout_microseconds) if reject else 0,
+            queue_timeout_us=int(policy.default_timeout_microseconds),
+            queue_delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
+            allow_timeout_override=bool(policy.allow_timeout_override),
+            priority_levels=levels, default_priority_level=default_level,
+            priority_queue_policies=level_policies, preserve_ordering=bool(dynb.preserve_ordering),
             instance_balancing=balancing, warmup=samples))
     return specs
 

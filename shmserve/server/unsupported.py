@@ -3,7 +3,7 @@
 A field whose absence would change what a caller gets back (a sequence's requests
 reaching different instances, a ragged batch, a decoupled model answered once) is
 refused with a ConfigError naming it; one that only changes when or how fast
-requests run (priorities, the response cache, pinned memory, CUDA graphs) is loaded
+requests run (the response cache, pinned memory, CUDA graphs) is loaded
 with a warning naming it. Everything else set in a config is implemented; a
 backend's own parameters and options are checked by the backend (backends/).
 """
@@ -26,8 +26,8 @@ IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "inpu
 # Set, these change results: refused.
 REFUSED = {"sequence_batching", "batch_input", "batch_output"}
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
-                       "default_queue_policy"}
-QUEUE_POLICY_IMPLEMENTED = {"max_queue_size", "default_timeout_microseconds", "timeout_action"}
+                       "default_queue_policy", "priority_levels", "default_priority_level",
+                       "priority_queue_policy", "preserve_ordering"}
 TENSOR_IMPLEMENTED = {"name", "data_type", "dims", "reshape", "optional", "label_filename"}
 TENSOR_REFUSED = {"allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io"}
 # optimization: the onnxruntime backend applies graph and execution_accelerators
@@ -81,14 +81,7 @@ def check(cfg: mc.ModelConfig, where: str, backend: str | None = None) -> list[s
     dyn = cfg.dynamic_batching
     for field in _set_fields(dyn):
         if field not in DYNAMIC_IMPLEMENTED:
-            ignored(f"dynamic_batching {field}", " (requests keep arrival order, one priority)")
-    policy = dyn.default_queue_policy
-    for field in _set_fields(policy):
-        if field not in QUEUE_POLICY_IMPLEMENTED:
-            ignored(f"dynamic_batching default_queue_policy {field}")
-    if policy.timeout_action == mc.ModelQueuePolicy.DELAY and policy.default_timeout_microseconds:
-        ignored("dynamic_batching default_queue_policy timeout_action DELAY",
-                " (a request past its timeout keeps waiting in arrival order)")
+            ignored(f"dynamic_batching {field}")
     for w in warnings:
         log.warning("%s", w)
     return warnings

@@ -21,8 +21,8 @@ from .. import _core
 from ..backends import Instance, load_backend
 from ..errors import ShmServeError
 from ..logs import capture_model_output
-from ..protocol import (ERROR_BYTES, LAYOUT, DataType, MailboxState, Status, Timestamp, decode_bytes,
-                        encode_bytes, numpy_dtype)
+from ..protocol import (LAYOUT, DataType, MailboxState, Status, Timestamp, clip_error,
+                        decode_bytes, decode_parameters, encode_bytes, numpy_dtype)
 from . import reshape, warmup
 from .repository import ModelSpec
 from .devices import CPU
@@ -46,11 +46,13 @@ class Request:
     """One request of a batch, as the batcher validated it (a server-private copy)."""
 
     __slots__ = ("client_id", "slot", "generation", "lease", "rows", "inputs", "outputs",
-                 "taken_ns", "arena", "slot_off")
+                 "taken_ns", "params_off", "params_bytes", "parameters", "arena", "slot_off")
 
     def __init__(self, maps: ServerMaps, shadow_index: int):
         (self.client_id, self.slot, self.generation, self.lease, self.rows, self.inputs,
-         self.outputs, self.taken_ns) = maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
+         self.outputs, self.taken_ns, self.params_off, self.params_bytes) = \
+            maps.srv.read_shadow(maps.layout.shadow_at(shadow_index))
+        self.parameters = {}  # decoded by decode_parameters() for models that read them
         self.arena = None
         self.slot_off = 0
 
@@ -78,12 +80,21 @@ class Worker:
         self.batch = _core.Batch(self.maps.srv, self.model_off, self.mailbox)
         self.in_dtypes = [None if t.dtype == BYTES else numpy_dtype(t.dtype) for t in self.spec.inputs]
         self.fast = False  # set by load(): it depends on the backend
+        # preserve_ordering: answers wait for the batches handed out before (maps.py);
+        # the instances of a model have consecutive worker indexes.
+        self.ordered = self.spec.preserve_ordering
+        first = self.index - boot.get("instance", 0)
+        self.siblings = [self.maps.layout.mailbox(w)
+                         for w in range(first, first + self.spec.instance_count)]
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
         self.backend = load_backend(self.spec, self.instance)
         self.per_request = getattr(self.backend, "per_request", False)
-        self.fast = (not self.per_request and self.tracer is None and
+        # Models that read request parameters (Triton's API, or a numpy-dict execute with
+        # a `requests` argument) take the Python path; the others never decode them.
+        self.reads_parameters = self.per_request or getattr(self.backend, "wants_requests", False)
+        self.fast = (not self.reads_parameters and self.tracer is None and
                      all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
@@ -146,6 +157,10 @@ class Worker:
             self.run_fast()
         else:
             self.run_batch(srv.mailbox_batch(self.mailbox), again)
+        if self.ordered:  # a batch that answered nobody (callers gone) ends its turn too
+            ticket = srv.load64(self.mailbox + L["mailbox.ticket"]) & 0xFFFFFFFF
+            if ticket:
+                self.maps.end_answer_turn(self.model_id, ticket)
         # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
         # mailbox state in dispatch(); serve_forever then reads batcher_waiting.
         srv.store32(self.mailbox + L["mailbox.state"], MailboxState.IDLE)
@@ -170,7 +185,10 @@ class Worker:
                     batch.scatter(k, np.ascontiguousarray(outputs[spec.name]))
             except Exception as e:  # cannot happen to checked outputs; answered, not lost
                 status, msg = Status.INTERNAL, self.raised(e)
+        ticket = self.answer_turn() if self.ordered else 0
         batch.finish(int(status), _clip(msg), t_input, t_infer, t_output)
+        if ticket:
+            self.maps.end_answer_turn(self.model_id, ticket)
 
     def batch_inputs(self, batch) -> dict:
         """The inputs of the batch in hand (csrc/batch.c), in the model's shapes."""
@@ -189,15 +207,25 @@ class Worker:
             inputs[spec.name] = arr
         return self.to_model(inputs)
 
-    def execute_timed(self, gather, rows: int):
+    def answer_turn(self) -> int:
+        """preserve_ordering: waits for the batches handed out before ours to answer;
+        returns our ticket (end_answer_turn after answering), 0 if the batch has none."""
+        ticket = self.maps.srv.load64(self.mailbox + L["mailbox.ticket"]) & 0xFFFFFFFF
+        if ticket:
+            self.maps.wait_answer_turn(self.model_id, ticket, self.siblings, self.mailbox)
+        return ticket
+
+    def execute_timed(self, gather, rows: int, requests: list | None = None):
         """One execution in Triton's compute stages: gather() the inputs, run the model,
         check its outputs. Returns (status, message, outputs or None, t_infer, t_output);
-        a model that raises fails the whole batch, every caller hearing why."""
+        a model that raises fails the whole batch, every caller hearing why. requests:
+        per request (rows, parameters), for a numpy-dict model that takes them."""
         t_infer = t_output = outputs = None
         try:
             inputs = gather()
             t_infer = time.monotonic_ns()
-            outputs = self.backend.execute(inputs)
+            outputs = (self.backend.execute(inputs) if requests is None
+                       else self.backend.execute(inputs, requests))
             t_output = time.monotonic_ns()
             outputs = self.check_outputs(outputs, rows)
             status, msg = Status.OK, ""
@@ -224,6 +252,8 @@ class Worker:
         if not live:
             return
         live = self.decode_bytes_inputs(live)
+        if self.reads_parameters:
+            live = self.decode_parameters(live)
         if not live:
             return
         # Triton's three compute stages: gather the inputs, run the model, check and
@@ -242,19 +272,23 @@ class Worker:
                                             for req, (st, _, _) in zip(live, answers)])
         srv.add64(self.mailbox + L["mailbox.executions"], 1)
         traced = self.tracer.sample(live) if self.tracer is not None else None
+        ticket = self.answer_turn() if self.ordered else 0
         for req, (st, m, results) in zip(live, answers):
             try:
                 req.arena.ops.complete(req.slot_off, req.generation, int(st), _clip(m), results)
             except (IndexError, ValueError) as e:  # the caller unmapped or broke its arena
                 log.warning("client %d: could not answer: %s", req.client_id, e)
+        if ticket:
+            self.maps.end_answer_turn(self.model_id, ticket)
         if traced:
             self.tracer.send(traced, t_input, t_infer, t_output, done)
 
     def execute_batch(self, live: list[Request]) -> tuple[list, int, int]:
         """The whole batch in one call (backend.execute: dicts of arrays), its outputs
         checked once and cut into each caller's rows. Returns (answers, t_infer, t_output)."""
+        requests = ([(r.rows, r.parameters) for r in live] if self.reads_parameters else None)
         status, msg, outputs, t_infer, t_output = self.execute_timed(
-            lambda: self.gather(live), sum(r.rows for r in live))
+            lambda: self.gather(live), sum(r.rows for r in live), requests)
         row = 0
         answers = []
         for req in live:
@@ -274,7 +308,7 @@ class Worker:
         ins, outs = self.spec.inputs, self.spec.outputs
         requests = [([(ins[ref[0]].name, self.model_view(req.arena.buffer, ref))
                       for ref in req.inputs],
-                     [outs[ref[0]].name for ref in req.outputs]) for req in live]
+                     [outs[ref[0]].name for ref in req.outputs], req.parameters) for req in live]
         t_infer = time.monotonic_ns()
         try:
             results = self.backend.execute_requests(requests)
@@ -282,7 +316,7 @@ class Worker:
             results = [(Status.INTERNAL, self.raised(e))] * len(live)
         t_output = time.monotonic_ns()
         answers = []
-        for req, (_, requested), result in zip(live, requests, results):
+        for req, (_, requested, _), result in zip(live, requests, results):
             req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
             if type(result) is tuple:  # (status, message): this request's error
                 answers.append((*result, []))
@@ -298,6 +332,24 @@ class Worker:
         return f"model '{self.spec.name}' raised {type(e).__name__}: {e}"
 
     # -- inputs: views of the callers' arenas, concatenated only for batches > 1 --
+    def decode_parameters(self, live: list[Request]) -> list[Request]:
+        """Decodes each request's parameters from its caller's arena. The batcher checked
+        them, but the caller may have rewritten them since: a request whose bytes no longer
+        decode fails alone, with the same message."""
+        kept = []
+        for req in live:
+            if req.params_bytes:
+                try:
+                    req.parameters = decode_parameters(
+                        req.arena.buffer[req.params_off:req.params_off + req.params_bytes])
+                except ValueError as e:
+                    self.maps.record_answers(self.model_id, [(int(Status.INVALID_ARG), req.taken_ns)])
+                    req.arena.ops.complete(req.slot_off, req.generation, int(Status.INVALID_ARG),
+                                           _clip(f"model '{self.spec.name}': {e}"), [])
+                    continue
+            kept.append(req)
+        return kept
+
     def decode_bytes_inputs(self, live: list[Request]) -> list[Request]:
         """Parses BYTES inputs request by request: a malformed one fails only its own
         request. Parsed arrays replace the buffer references in req.inputs."""
@@ -361,10 +413,13 @@ class Worker:
         inputs = self.to_model(inputs)
         if self.per_request:  # Triton's python API: one request through execute(requests)
             (result,) = self.backend.execute_requests(
-                [(list(inputs.items()), [t.name for t in self.spec.outputs])])
+                [(list(inputs.items()), [t.name for t in self.spec.outputs], {})])
             if type(result) is tuple:  # (status, message): the request's error
                 raise BatchError(*result)
             self.check_outputs(result, rows)
+            return
+        if getattr(self.backend, "wants_requests", False):  # one request, no parameters
+            self.check_outputs(self.backend.execute(inputs, [(rows, {})]), rows)
             return
         self.check_outputs(self.backend.execute(inputs), rows)
 
@@ -433,9 +488,7 @@ class Worker:
         return Status.OK, "", results
 
 
-def _clip(message: str, limit: int = ERROR_BYTES - 1) -> str:
-    """An error message that fits the slot, cut on a UTF-8 character boundary."""
-    return message.encode()[:limit].decode(errors="ignore")
+_clip = clip_error
 
 
 def report_load(boot: dict, message: dict) -> None:

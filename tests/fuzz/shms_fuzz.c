@@ -21,7 +21,7 @@
  *            [0] bit 0: the 64 KiB arena   [1] slot (mod 4)
  *            [2] >= 0xF0: slot state [2] & 7, else SUBMITTED
  *            [3] >= 0xF0: slot generation 8, else 7 (the ring entry's)
- *            [4..] the slot's shms_request (3104 bytes; zeros past the input)
+ *            [4..] the slot's shms_request (3136 bytes; zeros past the input)
  *
  * ring     the ring of a control segment of 4096 bytes that clients vandalise, with
  *          honest pushes and the batcher's consumer steps between.
@@ -46,7 +46,7 @@
  *          first vandal write, the ring is a FIFO of the pushes, FULL exactly at capacity.
  *
  * answer   a client reading its DONE slot (Mapping.read_result, the C++ client):
- *            [0..] the slot (4992 bytes), state forced to DONE.
+ *            [0..] the slot (5056 bytes), state forced to DONE.
  *          Checked: results only for OK and OUTPUT_TOO_SMALL, at most 16; the message
  *          NUL-terminated, a prefix of the slot's error bytes.
  */

@@ -234,6 +234,27 @@ void suite(const shmserve::Options &opts) {
     CHECK(client.arena_used() == baseline, "arena after errors: ", client.arena_used());
   });
 
+  run("request options: parameters reach the model", [&] {
+    std::vector<float> x(1, 1.0f);
+    shmserve::RequestOptions o;
+    o.priority = 1;
+    o.timeout_us = 5000000;
+    o.parameters = {{"tag", std::string("cpp")}, {"n", int64_t(7)}, {"flag", true}, {"x", 1.5}};
+    auto r = client.infer("params", {{"INPUT0", {1, 1}, x}}, o);
+    auto seen = r["OUTPUT0"].strings();
+    CHECK(seen.size() == 1 && seen[0] == R"({"flag": true, "n": 7, "tag": "cpp", "x": 1.5})",
+          "parameters as the model saw them: ", seen.empty() ? std::string("none") : seen[0]);
+    auto f = client.submit("params", {{"INPUT0", {2, 1}, std::vector<float>(2, 0.0f)}}, {}, 0, o);
+    CHECK(f.get(30)["OUTPUT0"].strings().at(1) == seen.at(0), "parameters through submit()");
+    CHECK(client.infer("params", {{"INPUT0", {1, 1}, x}})["OUTPUT0"].strings().at(0) == "{}",
+          "a request without parameters");
+    shmserve::RequestOptions bad;
+    bad.parameters = {{"", true}};
+    expect_error<shmserve::InvalidArgumentError>("empty parameter name",
+                                                 [&] { client.infer("params", {{"INPUT0", {1, 1}, x}}, bad); },
+                                                 "must not be empty", shmserve::Status::INVALID_ARG);
+  });
+
   run("output larger than guessed (retried once)", [&] {
     std::vector<float> x(2000);
     for (size_t i = 0; i < x.size(); i++) x[i] = float(i);

@@ -111,6 +111,22 @@ void test_vectors(const std::string &path) {
   shms_slot_submit(slot.get(), 1);
   CHECK(hex(&slot->request, sizeof slot->request) == want("request_simple"), "request_simple differs");
 
+  // Request options (protocol 3): the parameters as encode_parameters packs them, and
+  // the request with every option set, as the engine's publish() writes it.
+  std::string params = encode_parameters({{"flag", true}, {"n", int64_t(7)}, {"tag", std::string("cpp")}, {"x", 1.5}});
+  CHECK(hex(params) == want("parameters_msgpack"), "parameters differ: ", hex(params));
+  std::memset(static_cast<void *>(slot.get()), 0, sizeof *slot);
+  shms_request &r = *shms_slot_begin(slot.get());
+  encode_request(r, 2, in, out);
+  r.flags = SHMS_REQUEST_SEQUENCE_START | SHMS_REQUEST_SEQUENCE_END;
+  r.priority = 2;
+  r.timeout_us = 1500;
+  r.parameters_offset = 0x28100;
+  r.parameters_bytes = static_cast<uint32_t>(params.size());
+  r.sequence_id = 42;
+  shms_slot_submit(slot.get(), 1);
+  CHECK(hex(&slot->request, sizeof slot->request) == want("request_options"), "request_options differs");
+
   uint64_t claim = shms_claim_word(3, 4097);
   CHECK(hex(&claim, 8) == want("claim_word"), "claim word ", hex(&claim, 8));
 

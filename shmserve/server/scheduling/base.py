@@ -10,7 +10,7 @@ from ...protocol import FailureReason, Status
 from ..repository import ModelSpec
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Pending:
     """One validated request waiting in a scheduler (built by intake)."""
     shadow: int  # the request's shadow index: what a worker's mailbox names it by
@@ -20,6 +20,9 @@ class Pending:
     arena: object  # its client's arena mapping: opaque to a policy
     slot_off: int  # its slot in that arena: opaque to a policy
     generation: int = 0  # of the slot's request, to answer it
+    priority: int = 0  # the request's priority option (0: the model's default level)
+    timeout_us: int = 0  # its timeout option; once queued, the queue timeout that applies
+    queue_index: int = -1  # FifoQueue with timeouts: which of its queues holds it (-1: none)
 
 
 class Rejection(NamedTuple):

@@ -13,6 +13,8 @@ class DefaultScheduler(FifoQueue):
         return True  # the fallback: POLICIES lists it last
 
     def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
-        if not self.queue:
+        head = self.head()
+        if head is None:
             return None, None
-        return [self.queue.popleft()], None
+        self.take([head])
+        return [head], None

@@ -14,8 +14,6 @@ behind and its deadline are greedy's), and a batch greedy cut to a
 preferred_batch_size is kept as it is."""
 from __future__ import annotations
 
-import collections
-
 from ...protocol import MAX_BATCH_REQUESTS
 from ..repository import BALANCED, ModelSpec
 from .base import Pending
@@ -41,14 +39,13 @@ class DynamicBatchScheduler(FifoQueue):
     def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
         """Returns (batch, None) when a batch should go now, or (None, deadline_ns)
         when it is worth waiting for more requests until deadline_ns."""
-        if not self.queue:
+        head = self.head()
+        if head is None:
             return None, None
-        head = self.queue[0]
         picked, rows, preferred_prefix = [], 0, 0
-        skipped = more = False
-        for p in self.queue:
+        more = False
+        for p in self.ordered():  # priority order, then arrival order
             if p.key != head.key:  # different shapes never share a batch
-                skipped = skipped or bool(picked)
                 continue
             if rows + p.rows > self.max_rows or len(picked) == MAX_BATCH_REQUESTS:
                 more = True
@@ -63,12 +60,7 @@ class DynamicBatchScheduler(FifoQueue):
             picked = picked[:preferred_prefix]
         elif not (full or expired):
             return None, head.arrived_ns + self.delay_ns
-        if not skipped:  # the batch is the head of the queue: the common case
-            for _ in picked:
-                self.queue.popleft()
-        else:
-            taken = {id(p) for p in picked}
-            self.queue = collections.deque(p for p in self.queue if id(p) not in taken)
+        self.take(picked)
         return picked, None
 
     def next_batches(self, now_ns: int, idle: int) -> tuple[list[list[Pending]], int | None]:

@@ -56,17 +56,24 @@ class Client {
   Client &operator=(const Client &) = delete;
 
   /// Runs one request and waits for it (timeout_s < 0: no limit). outputs: names
-  /// wanted, empty = all. version 0 = the highest.
+  /// wanted, empty = all. version 0 = the highest. options: priority, queue timeout,
+  /// request parameters (RequestOptions).
   Result infer(const std::string &model, const std::vector<Input> &inputs,
-               const std::vector<std::string> &outputs = {}, double timeout_s = -1, int64_t version = 0) {
-    return submit(model, inputs, outputs, version).get(timeout_s);
+               const std::vector<std::string> &outputs = {}, double timeout_s = -1, int64_t version = 0,
+               const RequestOptions &options = {}) {
+    return submit(model, inputs, outputs, version, options).get(timeout_s);
+  }
+  /// infer() with options and every other argument at its default.
+  Result infer(const std::string &model, const std::vector<Input> &inputs, const RequestOptions &options) {
+    return infer(model, inputs, {}, -1, 0, options);
   }
 
   /// Sends a request and returns at once. Inputs not in the arena are copied before
   /// it returns. Many may be in flight; past the lease's slots submit waits for one.
   Future submit(const std::string &model, const std::vector<Input> &inputs,
-                const std::vector<std::string> &outputs = {}, int64_t version = 0) {
-    return Future(engine_, detail::Front::submit(*engine_, model, inputs, outputs, version));
+                const std::vector<std::string> &outputs = {}, int64_t version = 0,
+                const RequestOptions &options = {}) {
+    return Future(engine_, detail::Front::submit(*engine_, model, inputs, outputs, version, options));
   }
 
   /// A zeroed tensor in this client's shared arena (zero-copy input).

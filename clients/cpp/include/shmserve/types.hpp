@@ -2,6 +2,11 @@
 // with the engine).
 #pragma once
 
+#include <map>
+#include <variant>
+
+#include <msgpack.hpp>
+
 #include "shmserve/detail/engine.hpp"
 
 namespace shmserve {
@@ -31,6 +36,36 @@ class Tensor {
   std::vector<int64_t> shape_;
   uint64_t nbytes_ = 0;
 };
+
+/// A request parameter's value (Triton's request parameters: bool, int, double, string).
+using Parameter = std::variant<bool, int64_t, double, std::string>;
+
+/// Per-request options, as Triton's: priority (1 = highest; 0 = the model's
+/// default_priority_level), timeout_us (queue timeout, honoured where the model's queue
+/// policy has allow_timeout_override; 0 = the model's), parameters (given to the model:
+/// pb_utils request.parameters()).
+struct RequestOptions {
+  uint32_t priority = 0;
+  uint64_t timeout_us = 0;
+  std::map<std::string, Parameter> parameters;
+};
+
+/// The msgpack map the protocol carries (docs/protocol.md, 4.5); empty for none.
+inline std::string encode_parameters(const std::map<std::string, Parameter> &params) {
+  if (params.empty()) return {};
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  pk.pack_map(static_cast<uint32_t>(params.size()));
+  for (const auto &[key, value] : params) {
+    if (key.empty()) throw InvalidArgumentError("request parameter names must not be empty");
+    pk.pack(key);
+    std::visit([&](const auto &v) { pk.pack(v); }, value);
+  }
+  if (buf.size() > SHMS_MAX_PARAMETER_BYTES)
+    throw InvalidArgumentError("request parameters take " + std::to_string(buf.size()) +
+                               " bytes packed (limit " + std::to_string(SHMS_MAX_PARAMETER_BYTES) + ")");
+  return std::string(buf.data(), buf.size());
+}
 
 /// One input by name: either a Tensor of the arena (zero-copy) or caller memory,
 /// copied into the arena at submit (the caller may reuse it once submit returns).

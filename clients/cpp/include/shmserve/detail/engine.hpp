@@ -35,6 +35,9 @@ struct Call {
   std::shared_ptr<const ModelInfo> model;
   uint64_t in_bytes = 0, rows = 1;           // for the output buffers' sizes
   std::vector<shms_tensor_ref> in_refs, out_refs;
+  // Request options (shms_request); parameters_bytes at parameters_offset in the block.
+  uint32_t flags = 0, priority = 0, parameters_bytes = 0;
+  uint64_t timeout_us = 0, parameters_offset = 0, sequence_id = 0;
   std::vector<std::shared_ptr<Block>> keep;  // memory the inputs are in
   std::shared_ptr<Block> out_block;          // output buffers (after the staging area)
   uint64_t staging = 0;                      // arena offset of the staging area for inputs
@@ -366,7 +369,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
     shms_slot *slot = &slots[s];
     c.slot = s;
     c.generation = gens[s] = gens[s] + 1;
-    encode_request(*shms_slot_begin(slot), c.model->id, c.in_refs, c.out_refs);
+    shms_request &r = *shms_slot_begin(slot);
+    encode_request(r, c.model->id, c.in_refs, c.out_refs);
+    r.flags = c.flags;
+    r.priority = c.priority;
+    r.timeout_us = c.timeout_us;
+    r.parameters_offset = c.parameters_offset;
+    r.parameters_bytes = c.parameters_bytes;
+    r.sequence_id = c.sequence_id;
     shms_slot_submit(slot, c.generation);
     int rc = shms_push_request(&ring, client_id, s, c.generation, &Engine::lease_alive, this);
     return rc != SHMS_RING_OK && !shms_slot_withdraw(slot) ? SHMS_RING_OK : rc;

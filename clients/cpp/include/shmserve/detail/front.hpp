@@ -12,8 +12,12 @@ struct Front {
   /// Resolves names against the model, copies the inputs that are not in this lease's
   /// arena into it (one block with the output buffers), and sends the request.
   static std::shared_ptr<Call> submit(Engine &e, const std::string &model_name, const std::vector<Input> &inputs,
-                                      const std::vector<std::string> &outputs, int64_t version) {
+                                      const std::vector<std::string> &outputs, int64_t version,
+                                      const RequestOptions &options = {}) {
     auto call = std::make_shared<Call>();
+    const std::string params = encode_parameters(options.parameters);
+    call->priority = options.priority;
+    call->timeout_us = options.timeout_us;
     call->model = e.model(model_name, version);
     const ModelInfo &m = *call->model;
     if (inputs.size() > SHMS_MAX_TENSORS)
@@ -50,7 +54,8 @@ struct Front {
         want.push_back(static_cast<uint32_t>(k));
       }
     }
-    e.reserve(*call, want, copy_bytes);
+    // The packed parameters go into the staging area after the copied inputs.
+    e.reserve(*call, want, copy_bytes + (params.empty() ? 0 : align64(params.size())));
     uint64_t at = call->staging;
     for (size_t i = 0; i < inputs.size(); i++) {
       const Input &in = inputs[i];
@@ -63,6 +68,11 @@ struct Front {
         at += align64(in.nbytes);
       }
       call->in_refs.push_back(make_tensor_ref(index[i], in.dtype, off, in.nbytes, in.shape));
+    }
+    if (!params.empty()) {
+      std::memcpy(e.arena_at(at), params.data(), params.size());
+      call->parameters_offset = at;
+      call->parameters_bytes = static_cast<uint32_t>(params.size());
     }
     e.send(call);
     return call;
