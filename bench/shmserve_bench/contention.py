@@ -14,15 +14,7 @@ import signal
 import subprocess
 import sys
 
-from shmserve import _core
-
-
-def _die_with_parent(parent: int):
-    def preexec() -> None:
-        _core.set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died between fork and prctl
-            os._exit(1)
-    return preexec
+from .harness import with_parent_death
 
 
 class BusyLoad:
@@ -35,9 +27,9 @@ class BusyLoad:
     def start(self) -> BusyLoad:
         for _ in range(self.count):
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent(os.getpid())))
+                with_parent_death([sys.executable, "-c", "while True: pass"], signal.SIGKILL),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
         return self
 
     def stop(self) -> None:

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import shmserve
-from shmserve import _core
 from shmserve.server.segments import SHM_DIR, remove_segments
 
 from .proctree import group_members, open_memfds
@@ -65,13 +64,32 @@ def poll_until(predicate, timeout: float, interval: float = 0.02) -> bool:
         time.sleep(interval)
 
 
-def _stop_with_parent(sig: int, parent: int):
-    """preexec_fn: the server gets `sig` when its parent dies (also if it died already)."""
-    def preexec() -> None:
-        _core.set_parent_death_signal(sig)
-        if os.getppid() != parent:  # died between fork and prctl: no signal will come
-            os.kill(os.getpid(), sig)
-    return preexec
+# Run as `python -S -c` ahead of a command: PR_SET_PDEATHSIG, then execv of the command
+# (the setting survives execve). Arguments: signal, parent pid, the command. ctypes, not
+# shmserve._core: importing shmserve (numpy) would add ~0.4 s to each start.
+_PARENT_DEATH_LAUNCHER = """
+import ctypes, os, sys
+sig, parent = int(sys.argv[1]), int(sys.argv[2])
+if ctypes.CDLL(None, use_errno=True).prctl(1, sig) != 0:  # PR_SET_PDEATHSIG
+    sys.exit(f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
+if os.getppid() != parent:  # died before prctl: no signal will come
+    os.kill(os.getpid(), sig)
+    os._exit(1)  # sig is ignored here
+os.execv(sys.argv[3], sys.argv[3:])
+"""
+
+
+def with_parent_death(command: list[str], sig: int, parent: int | None = None) -> list[str]:
+    """`command` (argv, first item a path) run so that it gets `sig` when the thread that
+    starts it dies, or at once if `parent` (default: this process) is gone already.
+
+    Not a preexec_fn: that makes subprocess fork() (rather than vfork) and run the
+    fork handlers of every library loaded here. grpc's restarts its EventEngine poller
+    thread in the child; subprocess then closes every fd before exec, the epoll fd
+    among them, and the child aborts ("epoll_wait error: Bad file descriptor") before
+    it ever runs the command. A test process has grpc running after any gRPC test."""
+    return [sys.executable, "-S", "-c", _PARENT_DEATH_LAUNCHER, str(int(sig)),
+            str(os.getpid() if parent is None else parent), *command]
 
 
 class ServerProcess:
@@ -131,13 +149,13 @@ class ServerProcess:
         """Starts the server and waits until its control socket accepts connections.
         RuntimeError (with the log's tail) if it exits or is not ready within timeout;
         the process is then left for teardown()."""
-        preexec = None
+        command = self.command()
         if self.parent_death_signal is not None:
-            preexec = _stop_with_parent(self.parent_death_signal, os.getpid())
+            command = with_parent_death(command, self.parent_death_signal)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=self.env(),
-                                         start_new_session=True, preexec_fn=preexec)
+                                         start_new_session=True)
         if not poll_until(lambda: self._connectable() or self.proc.poll() is not None, timeout):
             raise RuntimeError(f"server '{self.name}' not ready after {timeout} s:\n{self.log()}")
         if self.proc.poll() is not None:
