@@ -167,34 +167,24 @@ def _typed_input(t, shape: tuple, dtype: np.dtype, where: str) -> np.ndarray:
     return arr.reshape(shape)
 
 
-def shm_inputs(request) -> dict:
-    """{input name: (region, offset, byte_size)} of the inputs read from shared memory."""
+def shm_regions(tensors, kind: str) -> dict:
+    """{name: (region, offset, byte_size)} of the request's inputs or outputs (kind)
+    whose parameters name a system shared memory region."""
     out = {}
-    for t in request.inputs:
+    for t in tensors:
+        where = f"{kind} '{t.name}'"
         params = _parameters(t.parameters)
-        codec.check_parameters(params, codec.SHM_PARAMETERS, f"input '{t.name}'", "gRPC")
-        spec = codec.shm_parameters(params, f"input '{t.name}'", t.name)
+        codec.check_parameters(params, codec.SHM_PARAMETERS, where, "gRPC")
+        spec = codec.shm_parameters(params, where, t.name)
         if spec is not None:
             out[t.name] = spec
-    return out
-
-
-def shm_outputs(request) -> dict:
-    """{output name: (region, offset, byte_size)} of the outputs asked for in shared memory."""
-    out = {}
-    for o in request.outputs:
-        params = _parameters(o.parameters)
-        codec.check_parameters(params, codec.SHM_PARAMETERS, f"output '{o.name}'", "gRPC")
-        spec = codec.shm_parameters(params, f"output '{o.name}'", o.name)
-        if spec is not None:
-            out[o.name] = spec
     return out
 
 
 def decode_inputs(request, in_shm: dict, read_shm=None) -> dict:
     """The request's inputs as {name: array}, checked by codec like the HTTP front's;
     raw contents are views of the message (the engine copies them into the arena). An
-    input in shared memory (in_shm, from shm_inputs) is read by read_shm(name, spec,
+    input in shared memory (in_shm, from shm_regions) is read by read_shm(name, spec,
     datatype, dtype, shape); raw contents then belong, in order, to the other inputs."""
     raw = request.raw_input_contents
     if not request.inputs:
@@ -384,7 +374,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         params = _parameters(request.parameters)
         codec.check_parameters(params, codec.REQUEST_PARAMETERS, "request", "gRPC", custom=True)
         options = codec.request_options({"parameters": params})
-        in_shm, out_shm = shm_inputs(request), shm_outputs(request)
+        in_shm = shm_regions(request.inputs, "input")
+        out_shm = shm_regions(request.outputs, "output")
         targets = {}
         if in_shm or out_shm:
             if self.shm.needs_refresh():
