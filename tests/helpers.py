@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import shmserve
 from shmserve import protocol as P
@@ -226,13 +227,13 @@ from shmserve_bench.harness import unique_name  # noqa: E402
 from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
 
 
-def module_server(tmp_path_factory, write_repository, prefix: str):
+def module_server(tmp_path_factory, write_repository, prefix: str, args=()):
     """A server of its own repository (write_repository(repo) fills it) shared by a
     module's tests: yields it, then stops it and fails on anything it left behind.
     Use as the body of a module-scoped fixture: `yield from module_server(...)`."""
     repo = tmp_path_factory.mktemp(prefix)
     write_repository(repo)
-    server = ServerProcess(repo, name=unique_name(prefix),
+    server = ServerProcess(repo, name=unique_name(prefix), args=args,
                            log_path=tmp_path_factory.mktemp("logs") / "server.log")
     try:
         server.start()
@@ -240,6 +241,25 @@ def module_server(tmp_path_factory, write_repository, prefix: str):
     finally:
         problems = server.teardown()
         assert not problems, "\n".join(problems) + "\n--- server log ---\n" + server.log()
+
+
+def front_server(tmp_path_factory, write_repository, prefix: str, port: int, args, connect):
+    """module_server with a network front on `port` (args: its serve flags): yields
+    (server, connect(server, port) (a client of the front, closed at the end), port);
+    the tests' own clients find the server through SHMSERVE_RUNTIME_DIR meanwhile."""
+    servers = module_server(tmp_path_factory, write_repository, prefix, args)
+    server = next(servers)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SHMSERVE_RUNTIME_DIR", str(server.runtime_dir))
+    client = None
+    try:
+        client = connect(server, port)
+        yield server, client, port
+    finally:
+        if client is not None:
+            client.close()
+        mp.undo()
+        servers.close()  # stops the server, failing on what it left behind
 
 
 def wait_until(predicate, timeout: float, what: str, *, state=None, interval: float = 0.02):

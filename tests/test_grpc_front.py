@@ -75,29 +75,17 @@ def wait_live(server, port: int):
 def front(tmp_path_factory, mlp_onnx):
     """One server with a gRPC front (and response compression) for the tests that only
     send requests: simple, identity and an identity model per dtype."""
-    repo = tmp_path_factory.mktemp("grpc_repo")
-    helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
-    setup_models(repo)
+    def write(repo):
+        helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
+        setup_models(repo)
+
     port = free_port()
-    server = helpers.ServerProcess(
-        repo, name=unique_name("t"), log_path=tmp_path_factory.mktemp("logs") / "grpc.log",
-        args=["--grpc-port", str(port), "--max-arena-bytes", str(ARENA),
-              "--grpc-infer-response-compression-level", "high",
-              "--grpc-keepalive-time", "60000", "--grpc-keepalive-permit-without-calls", "true",
-              "--grpc-http2-max-pings-without-data", "0"])
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SHMSERVE_RUNTIME_DIR", str(server.runtime_dir))
-    client = None
-    try:
-        server.start()
-        client = wait_live(server, port)
-        yield server, client, port
-    finally:
-        if client is not None:
-            client.close()
-        mp.undo()
-        problems = server.teardown()
-        assert not problems, "\n".join(problems) + "\n--- server log ---\n" + server.log()
+    yield from helpers.front_server(
+        tmp_path_factory, write, "grpc", port,
+        ["--grpc-port", str(port), "--max-arena-bytes", str(ARENA),
+         "--grpc-infer-response-compression-level", "high",
+         "--grpc-keepalive-time", "60000", "--grpc-keepalive-permit-without-calls", "true",
+         "--grpc-http2-max-pings-without-data", "0"], wait_live)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import pytest
 
 import helpers
 from helpers import poll_until, python_config, write_model
-from shmserve_bench.harness import unique_name
 from test_metrics import free_port
 
 th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
@@ -69,26 +68,13 @@ def start_http(server_factory, threads: int = 1, models=("simple", "identity"), 
 def front(tmp_path_factory, mlp_onnx):
     """One server with an HTTP front for the tests that only send requests: simple,
     identity and an identity model per dtype."""
-    repo = tmp_path_factory.mktemp("http_repo")
-    helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
-    setup_models(repo)
+    def write(repo):
+        helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
+        setup_models(repo)
+
     port = free_port()
-    server = helpers.ServerProcess(repo, name=unique_name("t"),
-                                   log_path=tmp_path_factory.mktemp("logs") / "http.log",
-                                   args=["--http-port", str(port)])
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SHMSERVE_RUNTIME_DIR", str(server.runtime_dir))
-    client = None
-    try:
-        server.start()
-        client = wait_live(server, port)
-        yield server, client, port
-    finally:
-        if client is not None:
-            client.close()
-        mp.undo()
-        problems = server.teardown()
-        assert not problems, "\n".join(problems) + "\n--- server log ---\n" + server.log()
+    yield from helpers.front_server(tmp_path_factory, write, "http", port,
+                                    ["--http-port", str(port)], wait_live)
 
 
 def raw(port: int, method: str, path: str, body: bytes = b"", headers=None):

@@ -15,7 +15,6 @@ import pytest
 
 import helpers
 from helpers import python_config, wait_until, write_model
-from shmserve_bench.harness import unique_name
 from test_http_front import fronts_of, raw, wait_live
 from test_metrics import free_port
 
@@ -41,27 +40,19 @@ def setup_models(repo) -> None:
 @pytest.fixture(scope="module")
 def front(tmp_path_factory, mlp_onnx):
     """One server, two HTTP front processes sharing the port (--http-thread-count 2)."""
-    repo = tmp_path_factory.mktemp("shm_repo")
-    helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
-    setup_models(repo)
-    port = free_port()
-    server = helpers.ServerProcess(repo, name=unique_name("t"),
-                                   log_path=tmp_path_factory.mktemp("logs") / "shm.log",
-                                   args=["--http-port", str(port), "--http-thread-count", "2"])
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SHMSERVE_RUNTIME_DIR", str(server.runtime_dir))
-    client = None
-    try:
-        server.start()
+    def write(repo):
+        helpers.copy_bundled(repo, mlp_onnx, names=("simple", "identity"))
+        setup_models(repo)
+
+    def connect(server, port):
         client = wait_live(server, port)
         wait_until(lambda: len(fronts_of(server)) == 2, 60, "both HTTP fronts started")
-        yield server, client, port
-    finally:
-        if client is not None:
-            client.close()
-        mp.undo()
-        problems = server.teardown()
-        assert not problems, "\n".join(problems) + "\n--- server log ---\n" + server.log()
+        return client
+
+    port = free_port()
+    yield from helpers.front_server(tmp_path_factory, write, "shm", port,
+                                    ["--http-port", str(port), "--http-thread-count", "2"],
+                                    connect)
 
 
 class Regions:
