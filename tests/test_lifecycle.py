@@ -622,3 +622,18 @@ def test_a_crash_in_finalize_is_logged_and_the_stop_completes(server_factory):
             "cannot release the weights") in log, log
     assert "worker exited: model 'bad_finalizer' version 1 instance 0" in log and \
         "exit code 4" in log, log
+
+
+def test_only_the_grpc_front_loads_grpc(server_factory):
+    """Triton's config schema is loaded without tritonclient.grpc's package (which
+    imports grpc): grpc would cost every process start a third of a second and put its
+    fork handlers into processes that never speak gRPC (shmserve/model_config.py)."""
+    import psutil
+    server = server_factory(models=("identity", "mlp"))
+    server.client(arena_bytes=1 << 20).infer("identity", [np.ones((1, 1024), np.float32)])
+    root = psutil.Process(server.pid)
+    procs = [root] + root.children(recursive=True)
+    assert len(procs) >= 3  # coordinator, batcher, workers
+    for proc in procs:
+        maps = Path(f"/proc/{proc.pid}/maps").read_text()
+        assert "cygrpc" not in maps, f"{proc.cmdline()} loaded grpc"

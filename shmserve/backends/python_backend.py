@@ -31,7 +31,7 @@ import os
 import sys
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from .. import pb_utils
 from ..errors import ConfigError, UnavailableError

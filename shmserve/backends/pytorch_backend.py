@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from ..errors import ConfigError, UnavailableError
 from ..protocol import DataType

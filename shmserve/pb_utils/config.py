@@ -7,7 +7,7 @@ import json
 
 from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
           FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}

@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from ..errors import ConfigError
 

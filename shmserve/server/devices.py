@@ -22,7 +22,7 @@ import functools
 import logging
 import os
 
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from ..errors import ConfigError
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from ..errors import ConfigError
 

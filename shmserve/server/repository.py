@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from .. import backends
 from ..errors import ConfigError

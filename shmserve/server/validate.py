@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 
 from google.protobuf import descriptor_pool
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from ..errors import ConfigError
 from . import autocomplete, ensemble, repository, unsupported

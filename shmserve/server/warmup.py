@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
+from ..model_config import mc
 
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, DTYPE_NAMES, DataType, decode_bytes, numpy_dtype
