@@ -169,6 +169,17 @@ def trace_options(args) -> dict:
         raise SystemExit(f"shmserve serve: {e}") from None
 
 
+def cache_option(args) -> int:
+    """--cache-config as Triton's: the bytes of the local response cache (0: none)."""
+    from .errors import ConfigError
+    from .server.response_cache import parse_cache_config
+
+    try:
+        return parse_cache_config(args.cache_config)
+    except ConfigError as e:
+        raise SystemExit(f"shmserve serve: {e}") from None
+
+
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
@@ -192,6 +203,7 @@ def cmd_serve(args) -> int:
                             strict_readiness=args.strict_readiness,
                             cuda_pools=dict(args.cuda_memory_pool_byte_size),
                             pinned_pool_bytes=args.pinned_memory_pool_byte_size,
+                            cache_bytes=cache_option(args),
                             auto_complete_config=not (args.disable_auto_complete_config
                                                       or args.strict_model_config)))
 
@@ -683,6 +695,10 @@ def main(argv: list[str] | None = None) -> int:
                    metavar="BYTES",
                    help="Triton's pinned host pool: accepted, and ignored with a warning "
                         "(shmserve does not pin the callers' arenas yet; docs/gpu.md)")
+    s.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="as Triton: the response cache for models whose config sets "
+                        "response_cache { enable: true }; only the local cache (size in "
+                        "bytes, shared out among those models' instances)")
     s.add_argument("--group", default=None, metavar="GROUP",
                    help="also serve clients of this group (other uids): the control socket "
                         "becomes group read-write, the runtime directory group-traversable; "

@@ -38,7 +38,6 @@ def test_ragged_batch_input_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("extra, named", [
-    ("response_cache { enable: true }", "response_cache"),
     ("optimization { priority: PRIORITY_MAX }", "optimization priority"),
     ("optimization { input_pinned_memory { enable: true } }", "optimization input_pinned_memory"),
 ])

@@ -217,7 +217,7 @@ def test_fields_refused_are_errors_and_fields_ignored_are_warnings(repo, capsys)
     write_model(repo, "seq", python_config("seq", dynamic_batching=None, extra=(
         'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
         'source_input: "INPUT0" } ]\nmodel_transaction_policy { decoupled: true }\n'
-        "response_cache { enable: true }")), IDENTITY_CODE)
+        "optimization { priority: PRIORITY_MAX }")), IDENTITY_CODE)
     rc, findings = validate(capsys, repo)
     errors = {f["line"]: f for f in findings if f["model"] == "seq" and f["severity"] == "error"}
     # every refused field, though the start stops at the first
@@ -227,13 +227,13 @@ def test_fields_refused_are_errors_and_fields_ignored_are_warnings(repo, capsys)
     assert all(e["fix"].startswith("remove it") for e in errors.values())
     warning = only(findings, "seq", "warning")
     assert warning["line"] == 8
-    assert warning["message"].startswith("response_cache is not implemented")
+    assert warning["message"].startswith("optimization priority is not implemented")
     assert warning["fix"].startswith("remove it, or keep it")
 
 
 def test_warnings_alone_exit_0(repo, capsys):
-    write_model(repo, "cached", python_config("cached", extra="response_cache { enable: true }"),
-                IDENTITY_CODE)
+    write_model(repo, "cached", python_config(
+        "cached", extra="optimization { priority: PRIORITY_MAX }"), IDENTITY_CODE)
     rc, findings = validate(capsys, repo)
     assert rc == 0 and [f["severity"] for f in findings] == ["warning"], findings
 

@@ -151,11 +151,14 @@ using namespace shms_detail;
 
 /* Per-model durations, as Triton's statistics name them (inference_stats). Each is a
  * {count, ns} pair summed over requests plus a latency histogram. SUCCESS and FAIL
- * time a request from the batcher taking it off the ring to its answer. */
+ * time a request from the batcher taking it off the ring to its answer; CACHE_* time
+ * the response cache's part (server/response_cache.py). */
 #define SHMS_DURATION_LIST(X)                                                         \
   X(SHMS_DUR_SUCCESS, SUCCESS, 0) X(SHMS_DUR_FAIL, FAIL, 1) X(SHMS_DUR_QUEUE, QUEUE, 2) \
   X(SHMS_DUR_COMPUTE_INPUT, COMPUTE_INPUT, 3) X(SHMS_DUR_COMPUTE_INFER, COMPUTE_INFER, 4) \
-  X(SHMS_DUR_COMPUTE_OUTPUT, COMPUTE_OUTPUT, 5)
+  X(SHMS_DUR_COMPUTE_OUTPUT, COMPUTE_OUTPUT, 5)                                        \
+  X(SHMS_DUR_CACHE_HIT, CACHE_HIT, 6) /* lookup and copy out */                        \
+  X(SHMS_DUR_CACHE_MISS, CACHE_MISS, 7) /* lookup and insert */
 
 /* Why a request failed: the `reason` label of nv_inference_request_failure. */
 #define SHMS_FAILURE_LIST(X)                                                          \

@@ -51,6 +51,7 @@ class ServeOptions:
     exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
     cuda_pools: dict = dataclasses.field(default_factory=dict)  # GPU -> bytes (devices.py)
     pinned_pool_bytes: int | None = None  # --pinned-memory-pool-byte-size: not used yet
+    cache_bytes: int = 0  # --cache-config local,size=: the response cache (response_cache.py)
     idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
@@ -350,7 +351,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
             metrics = serve_metrics(
                 lambda histograms: asyncio.run_coroutine_threadsafe(
                     snapshot(histograms), loop).result(10),
-                self.opts.metrics_port, self.opts.metrics_address, self.opts.metrics_config,
+                self.opts.metrics_port, self.opts.metrics_address,
+                {**self.opts.metrics_config, "response_cache": self.opts.cache_bytes > 0},
                 self.opts.metrics_interval_ms)
             log.info("metrics on http://%s:%d/metrics", self.opts.metrics_address,
                      self.opts.metrics_port)

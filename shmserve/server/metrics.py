@@ -230,6 +230,22 @@ class StatsCollector:
             count.add_sample(count.name, key, s["inference_count"])
             execs.add_sample(execs.name, key, s["execution_count"])
         yield from (success, failure, count, execs)
+        if self.config.get("response_cache"):  # --cache-config: Triton's per-model families
+            yield from self.cache(models)
+
+    def cache(self, models):
+        for family, kind, field, text in (
+                ("nv_cache_num_hits_per_model", "cache_hit", "count", "Number of cache hits per model"),
+                ("nv_cache_num_misses_per_model", "cache_miss", "count", "Number of cache misses per model"),
+                ("nv_cache_hit_duration_per_model", "cache_hit", "ns",
+                 "Total cache hit duration per model, in microseconds"),
+                ("nv_cache_miss_duration_per_model", "cache_miss", "ns",
+                 "Total cache miss (insertion) duration per model, in microseconds")):
+            metric = _counter(family, text)
+            for s in models:
+                value = s["inference_stats"][kind][field]
+                metric.add_sample(family, _key(s), value // 1000 if field == "ns" else value)
+            yield metric
 
     def durations(self, models):
         for family, (kinds, text) in _DURATIONS.items():

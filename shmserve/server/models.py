@@ -245,18 +245,32 @@ class ModelControl:
             sum(1 << k for k, t in enumerate(spec.inputs) if t.optional))
         srv.store32(off + L["model.generation"], generation)
 
+    def cache_share(self, spec) -> int:
+        """Each instance's bytes of --cache-config's budget: an equal share among the
+        instances of the models served with response_cache (this one included)."""
+        if not spec.response_cache:
+            return 0
+        if not self.opts.cache_bytes:
+            log.warning("model '%s': response_cache is enabled but the server has no cache "
+                        "(--cache-config local,size=BYTES): its requests are not cached", spec.name)
+            return 0
+        others = sum(e.spec.instance_count for e in self.table.served()
+                     if e.spec.response_cache and e.spec is not spec)
+        return self.opts.cache_bytes // (others + spec.instance_count)
+
     def worker_children(self, entry: Entry) -> list:
         from . import devices
         from .supervisor import Child
 
         trace = {} if self.traces is None else {"trace": self.traces.worker_boot()}
         spec = entry.spec
+        cache_bytes = self.cache_share(spec)
         for instance, mailbox in enumerate(entry.mailboxes):
             device = spec.device(instance)
             child = Child("worker", self.boot_message(
                 worker_index=mailbox, model_id=entry.index, instance=instance, device=device,
                 cuda_pool_bytes=self.opts.cuda_pools.get(device, 0), model=spec.to_dict(),
-                **trace), env=devices.worker_environment(spec.backend, device), entry=entry)
+                cache_bytes=cache_bytes, **trace), env=devices.worker_environment(spec.backend, device), entry=entry)
             entry.workers.append(child)
             self.children.append(child)
         return entry.workers

@@ -96,6 +96,7 @@ class ModelSpec:
     warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
     sequence: dict | None = None  # sequence_batching, as sequence_config.parse gives it
     devices: tuple[int, ...] = ()  # per instance: devices.CPU or a GPU number; () all CPU
+    response_cache: bool = False  # response_cache.enable (response_cache.py; not for sequences)
 
     def device(self, instance: int) -> int:
         return self.devices[instance] if self.devices else devices.CPU
@@ -409,7 +410,9 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             allow_timeout_override=bool(policy.allow_timeout_override),
             priority_levels=levels, default_priority_level=default_level,
             priority_queue_policies=level_policies, preserve_ordering=bool(dynb.preserve_ordering),
-            instance_balancing=balancing, warmup=samples, sequence=sequence))
+            instance_balancing=balancing, warmup=samples, sequence=sequence,
+            response_cache=(cfg.response_cache.enable and sequence is None
+                            and backend != ensemble.PLATFORM)))
     return specs
 
 

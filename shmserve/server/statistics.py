@@ -70,8 +70,6 @@ def model_statistics(name: str, version: int, state: str, raw: dict,
                      memory_usage: list[dict] = (), with_histograms: bool = False) -> dict:
     """One model_stat of Triton's statistics extension from a model_stats() snapshot."""
     inference = {n: _duration(raw["durations"][d]) for n, d in zip(DURATION_NAMES, Duration)}
-    inference["cache_hit"] = {"count": 0, "ns": 0}  # no response cache (refused by name)
-    inference["cache_miss"] = {"count": 0, "ns": 0}
     batch_stats = [{"batch_size": size, "compute_input": _duration(stages[0]),
                     "compute_infer": _duration(stages[1]), "compute_output": _duration(stages[2])}
                    for size, stages in sorted(raw["batch_stats"].items())]

@@ -22,7 +22,8 @@ IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "inpu
                "instance_group", "dynamic_batching", "parameters", "version_policy",
                "default_model_filename", "model_warmup", "optimization",
                "ensemble_scheduling",  # ensemble.py
-               "sequence_batching"}  # sequence_config.py
+               "sequence_batching",  # sequence_config.py
+               "response_cache"}  # response_cache.py
 # Set, these change results: refused.
 REFUSED = {"batch_input", "batch_output"}
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
@@ -78,6 +79,13 @@ def check(cfg: mc.ModelConfig, where: str, backend: str | None = None) -> list[s
         for field in _set_fields(group):
             if field not in GROUP_IMPLEMENTED:
                 ignored(f"instance_group {field}")
+    if cfg.response_cache.enable and cfg.HasField("sequence_batching"):
+        warnings.append(f"{where}: response_cache is not applied to a model with "
+                        "sequence_batching (a cached answer would skip the sequence's state); "
+                        "its requests always execute")
+    elif cfg.response_cache.enable and cfg.platform == "ensemble":
+        warnings.append(f"{where}: response_cache is not applied to an ensemble's own requests "
+                        "yet; the steps' models cache theirs when their configs enable it")
     dyn = cfg.dynamic_batching
     for field in _set_fields(dyn):
         if field not in DYNAMIC_IMPLEMENTED:

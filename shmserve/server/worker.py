@@ -21,10 +21,11 @@ from .. import _core
 from ..backends import Instance, load_backend
 from ..errors import ShmServeError
 from ..logs import capture_model_output
-from ..protocol import (LAYOUT, DataType, MailboxState, Status, Timestamp, clip_error,
+from ..protocol import (LAYOUT, DataType, Duration, MailboxState, Status, Timestamp, clip_error,
                         decode_bytes, decode_parameters, encode_bytes, numpy_dtype)
 from . import reshape, warmup
 from .repository import ModelSpec
+from .response_cache import ResponseCache
 from .devices import CPU
 from .maps import ServerMaps, child_setup
 from .sequence_io import SequenceError, SequenceIO
@@ -91,6 +92,9 @@ class Worker:
         first = self.index - boot.get("instance", 0)
         self.siblings = [self.maps.layout.mailbox(w)
                          for w in range(first, first + self.spec.instance_count)]
+        # response_cache with --cache-config: this instance's share (response_cache.py)
+        cache_bytes = boot.get("cache_bytes", 0) if self.spec.response_cache else 0
+        self.cache = ResponseCache(cache_bytes, self.spec.name, self.spec.version) if cache_bytes else None
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
@@ -99,7 +103,13 @@ class Worker:
         # Models that read request parameters (Triton's API, or a numpy-dict execute with
         # a `requests` argument) take the Python path; the others never decode them.
         self.reads_parameters = self.per_request or getattr(self.backend, "wants_requests", False)
+        if self.cache is not None and self.per_request:
+            log.warning("model '%s': response_cache is not applied to python models written "
+                        "with Triton's per-request API yet; its requests always execute",
+                        self.spec.name)
+            self.cache = None
         self.fast = (not self.reads_parameters and self.tracer is None and self.sequences is None and
+                     self.cache is None and
                      all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
@@ -269,20 +279,24 @@ class Worker:
         # Triton's three compute stages: gather the inputs, run the model, check and
         # scatter the outputs (timed until the answers are written, before they go out).
         t_input = time.monotonic_ns()
+        executed = live
         if self.per_request:  # Triton's python API: a list of requests, a response each
             answers, t_infer, t_output = self.execute_requests(live)
         elif self.sequences is not None:
             answers, t_infer, t_output = self.execute_sequence_batch(live)
+        elif self.cache is not None:  # hits are answered, not executed
+            answers, t_infer, t_output, executed = self.execute_cached(live)
         else:
             answers, t_infer, t_output = self.execute_batch(live)
-        row = sum(req.rows for req in live)
         # Statistics first: a caller that reads them after its answer sees its request.
         srv, done = self.maps.srv, time.monotonic_ns()
-        srv.record_execution(self.model_off, len(live), row, t_infer - t_input,
-                             t_output - t_infer, done - t_output)
+        if executed:
+            srv.record_execution(self.model_off, len(executed), sum(req.rows for req in executed),
+                                 t_infer - t_input, t_output - t_infer, done - t_output)
         srv.record_answers(self.model_off, [(int(st), req.taken_ns)
                                             for req, (st, _, _) in zip(live, answers)])
-        srv.add64(self.mailbox + L["mailbox.executions"], 1)
+        if executed:
+            srv.add64(self.mailbox + L["mailbox.executions"], 1)
         traced = self.tracer.sample(live) if self.tracer is not None else None
         ticket = self.answer_turn() if self.ordered else 0
         for req, (st, m, results) in zip(live, answers):
@@ -311,6 +325,54 @@ class Worker:
                 answers.append((status, msg, []))
             row += req.rows
         return answers, t_infer, t_output
+
+    def execute_cached(self, live: list[Request]) -> tuple[list, int, int, list[Request]]:
+        """execute_batch with the response cache (response_cache.py): each request's
+        inputs copied into this process, hashed, looked up; a hit is answered from the
+        cache, the misses run as one batch (reading the copies that were hashed) and
+        their outputs are kept. Returns (answers, t_infer, t_output, the requests run)."""
+        cache, srv, model_off = self.cache, self.maps.srv, self.model_off
+        answers: list = [None] * len(live)
+        misses = []  # (index in live, inputs, key, lookup ns)
+        for i, req in enumerate(live):
+            t0 = time.monotonic_ns()
+            buf = req.arena.buffer
+            inputs = [(self.spec.inputs[ref[0]].name, np.array(self.view(buf, ref)))
+                      for ref in req.inputs]
+            key = cache.key(inputs, req.parameters if self.reads_parameters else None)
+            kept = cache.get(key)
+            if kept is None:
+                misses.append((i, inputs, key, time.monotonic_ns() - t0))
+                continue
+            answers[i] = self.scatter(req, kept, 0)
+            req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
+            srv.record_waits(model_off, Duration.CACHE_HIT, [t0])  # lookup and copy out
+        if not misses:
+            now = time.monotonic_ns()
+            return answers, now, now, []
+        run = [live[i] for i, *_ in misses]
+        merged = {}
+        for k, spec in enumerate(self.spec.inputs):
+            arrays = [dict(inputs).get(spec.name) for _, inputs, _, _ in misses]
+            if arrays[0] is not None:  # an optional input the batch left out stays out
+                merged[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        requests = [(r.rows, r.parameters) for r in run] if self.reads_parameters else None
+        status, msg, outputs, t_infer, t_output = self.execute_timed(
+            lambda: self.to_model(merged), sum(r.rows for r in run), requests)
+        row = 0
+        for (i, _, key, lookup_ns), req in zip(misses, run):
+            req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
+            if status != Status.OK:
+                answers[i] = (status, msg, [])
+                row += req.rows
+                continue
+            answers[i] = self.scatter(req, outputs, row)
+            t0 = time.monotonic_ns() - lookup_ns  # the miss: its lookup and its insert
+            cache.put(key, {name: np.array(arr[row:row + req.rows] if self.batched else arr)
+                            for name, arr in outputs.items()})
+            srv.record_waits(model_off, Duration.CACHE_MISS, [t0])
+            row += req.rows
+        return answers, t_infer, t_output, run
 
     def begin_sequences(self, live: list[Request]) -> list[Request]:
         """Correlation ids and states of a sequence model's requests (sequence_io.py); a
