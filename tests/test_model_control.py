@@ -383,3 +383,73 @@ def test_grpc_repository_extension(server_factory):
     finally:
         client.close()
 
+
+
+# Triton's load with "file:<path>" parameters: the model comes in the request.
+FILES_CONFIG = json.dumps({"name": "fresh", "backend": "onnxruntime", "max_batch_size": 8,
+                           "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [256]}],
+                           "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]})
+
+
+def files_root(server):
+    return server.runtime_dir / f"{server.name}.models"
+
+
+def mlp_reference(mlp_onnx, x):
+    import onnxruntime as ort
+    session = ort.InferenceSession(str(mlp_onnx), providers=["CPUExecutionProvider"])
+    return session.run(None, {"INPUT0": x})[0]
+
+
+def test_load_with_model_files_serves_them(server_factory, mlp_onnx):
+    server = server_factory(models=("identity",), args=EXPLICIT)
+    onnx_bytes = mlp_onnx.read_bytes()
+    x = np.random.default_rng(0).standard_normal((2, 256)).astype(np.float32)
+    with shmserve.Client(server.name) as c:
+        with pytest.raises(errors.InvalidArgumentError, match="need the 'config' parameter too"):
+            c.load_model("fresh", files={"file:1/model.onnx": onnx_bytes})
+        for path in ("../evil/model.onnx", "/tmp/model.onnx", "1/../../x"):
+            with pytest.raises(errors.InvalidArgumentError,
+                               match=rf"'file:{path}' must name a path inside the model directory"):
+                c.load_model("fresh", FILES_CONFIG, files={f"file:{path}": onnx_bytes})
+        with pytest.raises(ValueError, match="keys are 'file:<path>'"):
+            c.load_model("fresh", FILES_CONFIG, files={"1/model.onnx": onnx_bytes})
+        c.load_model("fresh", FILES_CONFIG, files={"file:1/model.onnx": onnx_bytes})
+        assert index(c)[("fresh", "1")] == ("READY", "")
+        np.testing.assert_allclose(c.infer("fresh", [x])["OUTPUT0"], mlp_reference(mlp_onnx, x),
+                                   rtol=1e-5, atol=1e-5)
+        assert [d.name for d in files_root(server).iterdir()]  # kept while it serves
+        with pytest.raises(errors.InvalidArgumentError, match="exceeds the control protocol's"):
+            c.load_model("fresh", FILES_CONFIG, files={"file:1/model.onnx": bytes(17 << 20)})
+        c.unload_model("fresh")
+        assert list(files_root(server).iterdir()) == []  # unloaded: its files go
+        c.load_model("fresh", FILES_CONFIG, files={"file:1/model.onnx": onnx_bytes})
+        assert index(c)[("fresh", "1")] == ("READY", "")
+    server.stop()
+    assert not files_root(server).exists()
+
+
+def test_front_loads_carry_model_files(server_factory, mlp_onnx):
+    th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+    tg = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+    import test_grpc_front
+    import test_http_front
+
+    http_port, grpc_port = test_http_front.free_port(), test_http_front.free_port()
+    server = server_factory(models=(), args=EXPLICIT + ["--http-port", str(http_port),
+                                                        "--grpc-port", str(grpc_port)])
+    x = np.random.default_rng(1).standard_normal((1, 256)).astype(np.float32)
+    want = mlp_reference(mlp_onnx, x)
+    files = {"file:1/model.onnx": mlp_onnx.read_bytes()}
+    for module, tc, port in ((test_http_front, th, http_port), (test_grpc_front, tg, grpc_port)):
+        client = module.wait_live(server, port)
+        try:
+            client.load_model("fresh", config=FILES_CONFIG, files=files)  # tritonclient's API
+            assert client.is_model_ready("fresh")
+            inp = tc.InferInput("INPUT0", [1, 256], "FP32")
+            inp.set_data_from_numpy(x)
+            np.testing.assert_allclose(client.infer("fresh", [inp]).as_numpy("OUTPUT0"), want,
+                                       rtol=1e-5, atol=1e-5)
+            client.unload_model("fresh")
+        finally:
+            client.close()

@@ -79,16 +79,25 @@ class Client:
         return self.engine.call(P.GetStatus()).status
 
     # -- model control (Triton's repository extension; --model-control-mode explicit)
-    def load_model(self, model: str, config: str | dict | None = None) -> None:
+    def load_model(self, model: str, config: str | dict | None = None,
+                   files: dict[str, bytes] | None = None) -> None:
         """Loads a model of the server's repository, or reloads it (new version
         directories, an edited config.pbtxt) without losing a request. config: the
         model configuration (JSON text or a dict), used instead of config.pbtxt.
+        files: as tritonclient's, {"file:1/model.onnx": bytes, ...}: the model is made
+        of these files and config (which they need), not read from the repository;
+        all of it travels in one control frame (16 MiB at most).
         Raises InvalidArgumentError naming each version that failed to load (the
         version it would replace keeps serving)."""
         if isinstance(config, dict):
             config = json.dumps(config)
+        if files is not None:
+            bad = [k for k in files if not (isinstance(k, str) and k.startswith("file:"))]
+            if bad:
+                raise ValueError(f"load_model files: keys are 'file:<path>', not {bad[0]!r}")
+            files = {k[len("file:"):]: bytes(v) for k, v in files.items()}
         try:
-            self.engine.call(P.LoadModel(model, config))
+            self.engine.call(P.LoadModel(model, config, files))
         finally:
             self.engine.forget(model)
 

@@ -124,9 +124,13 @@ class Engine:
     # -- control plane ------------------------------------------------------------
     def call(self, request: P.Message, _fds: int = 0):
         """One control request; its typed reply (and with _fds, the descriptors received)."""
+        try:
+            frame = P.pack_frame(request)
+        except ValueError as e:  # too large for a frame: nothing was sent
+            raise errors.InvalidArgumentError(str(e)) from None
         with self._sock_lock:
             try:
-                self._sock.sendall(P.pack_frame(request))
+                self._sock.sendall(frame)
                 wire, fds = P.recv_frame_fds(self._sock, _fds)
             except (OSError, ConnectionError) as e:
                 raise errors.ServerDeadError(f"server '{self.name}' is gone ({e})") from None

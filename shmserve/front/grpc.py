@@ -341,15 +341,10 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, self._load(request))
 
     async def _load(self, request):
-        files = sorted(k for k in request.parameters if k.startswith("file:"))
-        if files:
-            raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"load of model '{request.model_name}': model files in the request "
-                            f"({', '.join(files)}) are not supported by shmserve; put them in "
-                            "the model repository")
+        files = {k: p.bytes_param for k, p in request.parameters.items() if k.startswith("file:")}
         config = (request.parameters["config"].string_param
                   if "config" in request.parameters else None)
-        await self.control(self.client.load_model, request.model_name, config,
+        await self.control(self.client.load_model, request.model_name, config, files or None,
                            timeout=LOAD_TIMEOUT_S)
         return pb.RepositoryModelLoadResponse()
 

@@ -13,6 +13,8 @@ spreads connections over them. HTTP parsing is uvicorn's with httptools, on uvlo
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import json
 import logging
 import re
@@ -117,16 +119,19 @@ class Front:
         if m["action"] == "unload":
             await self.control(self.client.unload_model, model, timeout=LOAD_TIMEOUT_S)
             return 200, b"", {}
-        files = sorted(k for k in params if k.startswith("file:"))
-        if files:
-            raise HttpError(400, f"load of model '{model}': model files in the request "
-                                 f"({', '.join(files)}) are not supported by shmserve; put "
-                                 "them in the model repository")
+        files = {}
+        for key in (k for k in params if k.startswith("file:")):  # Triton: base64 contents
+            try:
+                files[key] = base64.b64decode(params[key], validate=True)
+            except (TypeError, ValueError, binascii.Error):
+                raise codec.BadRequest(f"parameters '{key}' must be the file's contents in "
+                                       "base64") from None
         config = params.get("config")
         if config is not None and not isinstance(config, str):
             raise codec.BadRequest("parameters 'config' must be a string holding the model "
                                    "configuration as JSON")
-        await self.control(self.client.load_model, model, config, timeout=LOAD_TIMEOUT_S)
+        await self.control(self.client.load_model, model, config, files or None,
+                           timeout=LOAD_TIMEOUT_S)
         return 200, b"", {}
 
     async def route(self, scope, receive):

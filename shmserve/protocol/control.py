@@ -119,10 +119,13 @@ class GetStatus(Message):
 class LoadModel(Message):
     """Triton's repository extension, load: loads a model (every version its
     version_policy selects), or reloads a loaded one. `config`: the model
-    configuration as JSON, used instead of config.pbtxt (Triton's `config`)."""
+    configuration as JSON, used instead of config.pbtxt (Triton's `config`). `files`:
+    path in the model directory -> bytes (Triton's `file:<path>` parameters): the model
+    is made of these files and `config`, not taken from the repository."""
     OP: ClassVar[str] = "load"
     model: str
     config: str | None = None
+    files: dict | None = None
 
 
 @dataclasses.dataclass
@@ -292,6 +295,9 @@ def pack_frame(message) -> bytes:
     if isinstance(message, Message):
         message = message.to_wire()
     body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:  # the peer would drop the connection: say why here
+        raise ValueError(f"control message '{message.get('op')}' of {len(body)} bytes exceeds "
+                         f"the control protocol's {MAX_FRAME_BYTES} bytes a frame")
     return FRAME_HEADER.pack(len(body)) + body
 
 

@@ -268,7 +268,7 @@ class ControlPlane:
                 try:
                     msg = P.decode_request(await P.read_frame(reader))
                     if isinstance(msg, P.LoadModel):  # these wait for workers: async
-                        await self.load_op(msg.model, msg.config)
+                        await self.load_op(msg.model, msg.config, msg.files)
                         reply = P.Done()
                     elif isinstance(msg, P.UnloadModel):
                         await self.unload_op(msg.model)

@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -169,6 +170,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 log.info("cleaned %d segments of a dead server (pid %s)", len(removed), rec["pid"])
         self.sock_path.unlink(missing_ok=True)
         self.owns_name = True
+        shutil.rmtree(self.model_files_root, ignore_errors=True)  # a dead predecessor's
 
     def claim_ports(self) -> None:
         """Binds each front's port (SO_REUSEPORT, never listening: it gets no
@@ -271,6 +273,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 seg.close()
         if self.owns_name:
             self.sock_path.unlink(missing_ok=True)
+            shutil.rmtree(self.model_files_root, ignore_errors=True)  # file loads' (models.py)
             rec = read_record(self.opts.name)
             if rec and rec.get("pid") == os.getpid():
                 record_path(self.opts.name).unlink(missing_ok=True)

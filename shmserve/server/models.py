@@ -19,8 +19,10 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from .. import protocol as P
 from ..errors import ConfigError, ShmServeError, UnavailableError
@@ -280,18 +282,69 @@ class ModelControl:
         if self.opts.model_control_mode != "explicit":
             raise UnavailableError(P.MODEL_CONTROL_DISABLED)
 
-    async def load_op(self, name: str, config: str | None) -> None:
+    async def load_op(self, name: str, config: str | None, files: dict | None = None) -> None:
         self.check_model_control()
         async with self.table_lock:
-            await self.load_named(name, config)
+            model_dir = self.write_model_files(name, config, files) if files else None
+            try:
+                await self.load_named(name, config, model_dir)
+            finally:
+                self.drop_unused_model_files()
 
-    async def load_named(self, name: str, config: str | None = None) -> None:
-        """Loads model `name` from the repository (or reloads it): versions that are
+    # Triton's load with "file:<path>" parameters: the model's directory is made of the
+    # files the request carries (and its config), not taken from the repository. Each
+    # such load gets a private directory beside the control socket, kept while a table
+    # entry loads its workers from it (a restarted worker reads it again).
+    @property
+    def model_files_root(self) -> Path:
+        return self.sock_path.parent / f"{self.opts.name}.models"
+
+    def write_model_files(self, name: str, config: str | None, files: dict) -> Path:
+        where = f"failed to load '{name}'"
+        if config is None:
+            raise ShmServeError(f"{where}: model files (file:<path> parameters) need the "
+                                "'config' parameter too, as Triton's", P.Status.INVALID_ARG)
+        if not _NAME_RE.match(name):
+            raise ShmServeError(f"{where}: not a model name", P.Status.INVALID_ARG)
+        checked = []
+        for path, data in files.items():
+            parts = PurePosixPath(path).parts if isinstance(path, str) else ()
+            if (not parts or path.startswith("/") or "\0" in path
+                    or any(p in ("..", ".") for p in parts)):
+                raise ShmServeError(f"{where}: model file 'file:{path}' must name a path "
+                                    "inside the model directory (e.g. file:1/model.onnx)",
+                                    P.Status.INVALID_ARG)
+            if not isinstance(data, bytes):
+                raise ShmServeError(f"{where}: model file 'file:{path}' must be bytes",
+                                    P.Status.INVALID_ARG)
+            checked.append((parts, data))
+        self.model_files_root.mkdir(mode=0o700, exist_ok=True)
+        model_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=self.model_files_root)) / name
+        for parts, data in checked:
+            target = model_dir.joinpath(*parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        return model_dir
+
+    def drop_unused_model_files(self) -> None:
+        """Removes the directories of file loads that no table entry uses any more."""
+        root = self.model_files_root
+        if not root.is_dir():
+            return
+        used = {Path(e.spec.path).resolve() for e in self.table.all()}
+        for d in root.iterdir():
+            if not any(d.resolve() in p.parents for p in used):
+                shutil.rmtree(d, ignore_errors=True)
+
+    async def load_named(self, name: str, config: str | None = None,
+                         model_dir: Path | None = None) -> None:
+        """Loads model `name` from the repository, or from model_dir (files a load
+        carried), or reloads it: versions that are
         new or changed load beside those serving, which keep serving until the new
         ones are READY and then drain; versions no longer selected unload. A version
         that fails to load leaves the one it would replace serving (Triton's reload).
         Raises INVALID_ARG naming each version that failed."""
-        model_dir = Path(self.opts.model_repository) / name
+        model_dir = model_dir or Path(self.opts.model_repository) / name
         if not _NAME_RE.match(name) or not model_dir.is_dir():
             raise ShmServeError(f"failed to load '{name}', failed to poll from model repository "
                                 f"({model_dir} is not a model directory)", P.Status.NOT_FOUND)
@@ -396,11 +449,14 @@ class ModelControl:
     async def unload_op(self, name: str) -> None:
         self.check_model_control()
         async with self.table_lock:
-            await self.unload_named(name)
+            try:
+                await self.unload_named(name)
+            finally:
+                self.drop_unused_model_files()
 
     async def unload_named(self, name: str) -> None:
         entries = [e for e in self.table.of(name) if e.state != UNLOADING]
-        if not entries and name not in self.table.problems:
+        if not entries and name not in self.table.problems and name not in self.table.unloaded:
             if not (Path(self.opts.model_repository) / name).is_dir():
                 raise ShmServeError(f"failed to unload '{name}': no such model (not loaded, "
                                     "not in the repository)", P.Status.NOT_FOUND)
