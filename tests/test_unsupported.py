@@ -20,8 +20,6 @@ def model(tmp_path, extra: str = "", dims=(-1,)):
 
 @pytest.mark.parametrize("extra, named", [
     ("model_transaction_policy { decoupled: true }", "decoupled"),
-    ('batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
-     'source_input: "INPUT0" } ]', "batch_input"),
 ])
 def test_fields_that_change_results_are_refused(tmp_path, extra, named):
     with pytest.raises(ConfigError, match=named) as e:
@@ -29,11 +27,11 @@ def test_fields_that_change_results_are_refused(tmp_path, extra, named):
     assert "config.pbtxt" in str(e.value) and "not implemented" in str(e.value)
 
 
-def test_ragged_batch_input_is_refused(tmp_path):
+def test_shape_tensors_are_refused(tmp_path):
     config = python_config("m", "FP32", (4,)).replace(
-        "dims: [ 4 ] }", "dims: [ 4 ] allow_ragged_batch: true }", 1)
+        "dims: [ 4 ] }", "dims: [ 4 ] is_shape_tensor: true }", 1)
     write_model(tmp_path, "m", config, IDENTITY_CODE)
-    with pytest.raises(ConfigError, match="input 'INPUT0' allow_ragged_batch"):
+    with pytest.raises(ConfigError, match="input 'INPUT0' is_shape_tensor"):
         load_model(tmp_path / "m")
 
 

@@ -215,18 +215,16 @@ def test_max_batch_size_with_a_fixed_first_dimension(repo, capsys):
 
 def test_fields_refused_are_errors_and_fields_ignored_are_warnings(repo, capsys):
     write_model(repo, "seq", python_config("seq", dynamic_batching=None, extra=(
-        'batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: "N" data_type: TYPE_INT32 '
-        'source_input: "INPUT0" } ]\nmodel_transaction_policy { decoupled: true }\n'
+        'model_transaction_policy { decoupled: true }\n'
         "optimization { priority: PRIORITY_MAX }")), IDENTITY_CODE)
     rc, findings = validate(capsys, repo)
     errors = {f["line"]: f for f in findings if f["model"] == "seq" and f["severity"] == "error"}
     # every refused field, though the start stops at the first
-    assert rc == 1 and sorted(errors) == [6, 7], findings
-    assert errors[6]["message"].startswith("batch_input is not implemented")
-    assert "decoupled" in errors[7]["message"]
+    assert rc == 1 and sorted(errors) == [6], findings
+    assert "decoupled" in errors[6]["message"]
     assert all(e["fix"].startswith("remove it") for e in errors.values())
     warning = only(findings, "seq", "warning")
-    assert warning["line"] == 8
+    assert warning["line"] == 7
     assert warning["message"].startswith("optimization priority is not implemented")
     assert warning["fix"].startswith("remove it, or keep it")
 
@@ -313,7 +311,7 @@ def test_validate_creates_no_segment_and_no_process(repo, capsys, forbidden):
     write_model(repo, "bad", 'name: "bad"\nmax_batch_size: x\n', IDENTITY_CODE)
     write_model(repo, "seq", python_config("seq", dynamic_batching=None,
                                            extra='batch_input [ { kind: BATCH_ELEMENT_COUNT '
-                                           'target_name: "N" data_type: TYPE_INT32 '
+                                           'target_name: "N" data_type: TYPE_INT64 '
                                            'source_input: "INPUT0" } ]'), IDENTITY_CODE)
     write_model(repo, "none", python_config("none"), versions=(1,))
     onnx_model(repo, "auto", ["b", 3], ["b", 3])

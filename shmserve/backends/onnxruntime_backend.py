@@ -152,6 +152,10 @@ class Backend:
             if t.name not in model_inputs:
                 raise ConfigError(f"{spec.path}: config input '{t.name}' is not an input of the "
                                   f"ONNX graph (graph inputs: {sorted(model_inputs)})")
+        for _, target, _, _ in spec.batch_inputs:
+            if target not in model_inputs:
+                raise ConfigError(f"{spec.path}: batch_input target '{target}' is not an input "
+                                  f"of the ONNX graph (graph inputs: {sorted(model_inputs)})")
         for t in spec.outputs:
             if t.name not in model_outputs:
                 raise ConfigError(f"{spec.path}: config output '{t.name}' is not an output of the "

@@ -398,6 +398,7 @@ typedef struct shms_model_entry {
    * SHMS_MODEL_HANDLE(index, generation), and one of an older generation is refused. */
   SHMS_ATOMIC(uint32_t) generation;
   SHMS_ATOMIC(uint32_t) answer_turn; /* preserve_ordering: the last batch ticket answered */
+  uint32_t ragged_inputs; /* bit k: input k batches whatever its dims (allow_ragged_batch) */
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
   shms_model_stats stats;
@@ -534,7 +535,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(model, shms_model_entry, max_batch_size) F(model, shms_model_entry, n_inputs)       \
   F(model, shms_model_entry, n_outputs) F(model, shms_model_entry, ready)               \
   F(model, shms_model_entry, optional_inputs) F(model, shms_model_entry, generation)   \
-  F(model, shms_model_entry, answer_turn)                                               \
+  F(model, shms_model_entry, answer_turn) F(model, shms_model_entry, ragged_inputs)     \
   F(model, shms_model_entry, inputs) F(model, shms_model_entry, outputs)                \
   F(model, shms_model_entry, stats)                                                     \
   S(model_stats, shms_model_stats)                                                      \

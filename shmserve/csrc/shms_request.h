@@ -246,8 +246,9 @@ static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
 #define SHMS_SHAPE_KEY_MAX (SHMS_MAX_TENSORS * (SHMS_MAX_DIMS + 1))
 
 /* Shape key of a validated request: requests batch together only when every input
- * has the same dtype and the same non-batch dimensions. Inputs in model order,
- * whatever the request's order. Returns the number of words written to key. */
+ * has the same dtype and the same non-batch dimensions, except a ragged input's
+ * (allow_ragged_batch: the worker concatenates it). Inputs in model order, whatever
+ * the request's order. Returns the number of words written to key. */
 static inline size_t shms_shape_key(const shms_request *r, const shms_model_entry *m,
                                     int64_t key[SHMS_SHAPE_KEY_MAX]) {
   size_t nk = 0;
@@ -257,6 +258,7 @@ static inline size_t shms_shape_key(const shms_request *r, const shms_model_entr
       const shms_tensor_ref *t = &r->inputs[i];
       if (t->index != k) continue;
       key[nk++] = ((int64_t)t->index << 32) | t->ndim;
+      if (m->ragged_inputs & (1u << k)) continue;
       for (uint32_t d = skip; d < t->ndim; d++) key[nk++] = t->shape[d];
     }
   return nk;

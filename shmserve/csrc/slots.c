@@ -276,17 +276,18 @@ static int parse_specs(PyObject *list, shms_tensor_spec *specs, uint32_t *n) {
   return 0;
 }
 
-/* write_model_entry(off, name, version, max_batch_size, inputs, outputs[, optional]);
- * inputs and outputs are [(name, dtype, dims)], dims without the batch dimension;
- * optional: bit k set when input k may be left out of a request. Not ready. */
+/* write_model_entry(off, name, version, max_batch_size, inputs, outputs[, optional,
+ * ragged]); inputs and outputs are [(name, dtype, dims)], dims without the batch
+ * dimension; optional: bit k set when input k may be left out of a request; ragged:
+ * bit k set when input k batches whatever its dims. Not ready. */
 static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
   unsigned long long off;
   const char *name;
   long long version;
-  unsigned int max_batch, optional = 0;
+  unsigned int max_batch, optional = 0, ragged = 0;
   PyObject *inputs, *outputs;
-  if (!PyArg_ParseTuple(args, "KsLIOO|I", &off, &name, &version, &max_batch, &inputs, &outputs,
-                        &optional))
+  if (!PyArg_ParseTuple(args, "KsLIOO|II", &off, &name, &version, &max_batch, &inputs, &outputs,
+                        &optional, &ragged))
     return NULL;
   shms_model_entry *m = (shms_model_entry *)shms_py_at(self, off, sizeof *m, 8);
   if (!m) return NULL;
@@ -297,6 +298,7 @@ static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
       parse_specs(outputs, m->outputs, &m->n_outputs) < 0)
     return NULL;
   m->optional_inputs = optional & ((m->n_inputs < 32 ? 1u << m->n_inputs : 0u) - 1u);
+  m->ragged_inputs = ragged & ((m->n_inputs < 32 ? 1u << m->n_inputs : 0u) - 1u);
   Py_RETURN_NONE;
 }
 

@@ -244,7 +244,8 @@ class ModelControl:
             off, spec.name, spec.version, spec.max_batch_size,
             [(t.name, t.dtype, t.dims) for t in spec.inputs],
             [(t.name, t.dtype, t.dims) for t in spec.outputs],
-            sum(1 << k for k, t in enumerate(spec.inputs) if t.optional))
+            sum(1 << k for k, t in enumerate(spec.inputs) if t.optional),
+            sum(1 << k for k, t in enumerate(spec.inputs) if t.ragged))
         srv.store32(off + L["model.generation"], generation)
 
     def cache_share(self, spec) -> int:

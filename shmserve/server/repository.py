@@ -22,7 +22,7 @@ from ..model_config import mc
 from .. import backends
 from ..errors import ConfigError
 from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
-from . import autocomplete, devices, ensemble, reshape, sequence_config, unsupported, warmup
+from . import autocomplete, devices, ensemble, ragged, reshape, sequence_config, unsupported, warmup
 
 log = logging.getLogger("shmserve.repository")
 
@@ -48,6 +48,7 @@ class TensorSpec:
     reshape: tuple[int, ...] | None = None  # the model's shape (reshape.py); None: dims
     optional: bool = False  # an input a request may leave out
     label_filename: str = ""  # an output's labels file, in the model directory
+    ragged: bool = False  # an input's allow_ragged_batch (ragged.py)
 
     @property
     def dtype_name(self) -> str:
@@ -97,6 +98,8 @@ class ModelSpec:
     sequence: dict | None = None  # sequence_batching, as sequence_config.parse gives it
     devices: tuple[int, ...] = ()  # per instance: devices.CPU or a GPU number; () all CPU
     response_cache: bool = False  # response_cache.enable (response_cache.py; not for sequences)
+    batch_inputs: tuple = ()  # ((kind, target, dtype, source input), ...): ragged.py
+    batch_outputs: tuple = ()  # ((kind, targets, source input), ...): ragged.py
 
     def device(self, instance: int) -> int:
         return self.devices[instance] if self.devices else devices.CPU
@@ -113,6 +116,8 @@ class ModelSpec:
         d["warmup"] = tuple(d.get("warmup", ()))
         d["priority_queue_policies"] = tuple(tuple(p) for p in d.get("priority_queue_policies", ()))
         d["devices"] = tuple(d.get("devices", ()))
+        d["batch_inputs"] = tuple(tuple(b) for b in d.get("batch_inputs", ()))
+        d["batch_outputs"] = tuple((k, tuple(t), s) for k, t, s in d.get("batch_outputs", ()))
         return cls(**d)
 
     @property
@@ -225,7 +230,8 @@ def _tensors(items, where: str, kind: str, batched: bool, model_dir: Path
             if not path.resolve().is_relative_to(model_dir.resolve()) or not path.is_file():
                 raise ConfigError(f"{where}: output '{t.name}' label_filename {labels!r}: no such "
                                   f"file in {model_dir}")
-        out.append(TensorSpec(t.name, code, dims, shape, optional, labels))
+        out.append(TensorSpec(t.name, code, dims, shape, optional, labels,
+                              kind == "input" and t.allow_ragged_batch))
     if not out:
         raise ConfigError(f"{where}: the model declares no {kind}")
     return tuple(out)
@@ -363,6 +369,7 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     model_file = _model_file(cfg, backend, where)
     samples = warmup.parse(cfg, model_dir, where, inputs)
     sequence = sequence_config.parse(cfg, model_dir, where)
+    batch_inputs, batch_outputs = ragged.parse(cfg, where)
     params = {k: v.string_value for k, v in cfg.parameters.items()}
     retry = params.get(RETRY_PARAMETER, "false").strip().lower()
     if retry not in ("true", "false"):
@@ -412,7 +419,8 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             priority_queue_policies=level_policies, preserve_ordering=bool(dynb.preserve_ordering),
             instance_balancing=balancing, warmup=samples, sequence=sequence,
             response_cache=(cfg.response_cache.enable and sequence is None
-                            and backend != ensemble.PLATFORM)))
+                            and backend != ensemble.PLATFORM),
+            batch_inputs=batch_inputs, batch_outputs=batch_outputs))
     return specs
 
 

@@ -23,14 +23,16 @@ IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "inpu
                "default_model_filename", "model_warmup", "optimization",
                "ensemble_scheduling",  # ensemble.py
                "sequence_batching",  # sequence_config.py
-               "response_cache"}  # response_cache.py
+               "response_cache",  # response_cache.py
+               "batch_input", "batch_output"}  # ragged.py
 # Set, these change results: refused.
-REFUSED = {"batch_input", "batch_output"}
+REFUSED: set[str] = set()
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
                        "default_queue_policy", "priority_levels", "default_priority_level",
                        "priority_queue_policy", "preserve_ordering"}
-TENSOR_IMPLEMENTED = {"name", "data_type", "dims", "reshape", "optional", "label_filename"}
-TENSOR_REFUSED = {"allow_ragged_batch", "is_shape_tensor", "is_non_linear_format_io"}
+TENSOR_IMPLEMENTED = {"name", "data_type", "dims", "reshape", "optional", "label_filename",
+                      "allow_ragged_batch"}  # ragged.py
+TENSOR_REFUSED = {"is_shape_tensor", "is_non_linear_format_io"}
 # optimization: the onnxruntime backend applies graph and execution_accelerators
 # (onnxruntime_backend.py); the other backends ignore them, as Triton's do.
 OPTIMIZATION_BY_BACKEND = {"graph": {"onnxruntime"}, "execution_accelerators": {"onnxruntime"}}

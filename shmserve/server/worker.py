@@ -19,11 +19,11 @@ import numpy as np
 
 from .. import _core
 from ..backends import Instance, load_backend
-from ..errors import ShmServeError
+from ..errors import ConfigError, ShmServeError
 from ..logs import capture_model_output
 from ..protocol import (LAYOUT, DataType, Duration, MailboxState, Status, Timestamp, clip_error,
                         decode_bytes, decode_parameters, encode_bytes, numpy_dtype)
-from . import reshape, warmup
+from . import ragged, reshape, warmup
 from .repository import ModelSpec
 from .response_cache import ResponseCache
 from .devices import CPU
@@ -103,13 +103,21 @@ class Worker:
         # Models that read request parameters (Triton's API, or a numpy-dict execute with
         # a `requests` argument) take the Python path; the others never decode them.
         self.reads_parameters = self.per_request or getattr(self.backend, "wants_requests", False)
+        # ragged.py: concatenated inputs, batch inputs, outputs scattered by input shape
+        self.scattered_outputs = {t for _, targets, _ in self.spec.batch_outputs for t in targets}
+        self.ragged = (any(t.ragged for t in self.spec.inputs) or bool(self.spec.batch_inputs)
+                       or bool(self.spec.batch_outputs))
+        if self.per_request and (self.spec.batch_inputs or self.spec.batch_outputs):
+            raise ConfigError(f"model '{self.spec.name}': batch_input and batch_output need a "
+                              "model that takes the whole batch; a python model written with "
+                              "Triton's per-request API sees each request's own tensors")
         if self.cache is not None and self.per_request:
             log.warning("model '%s': response_cache is not applied to python models written "
                         "with Triton's per-request API yet; its requests always execute",
                         self.spec.name)
             self.cache = None
         self.fast = (not self.reads_parameters and self.tracer is None and self.sequences is None and
-                     self.cache is None and
+                     self.cache is None and not self.ragged and
                      all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
@@ -315,16 +323,29 @@ class Worker:
         requests = ([(r.rows, r.parameters) for r in live] if self.reads_parameters else None)
         status, msg, outputs, t_infer, t_output = self.execute_timed(
             lambda: self.gather(live), sum(r.rows for r in live), requests)
-        row = 0
+        status, msg, parts = self.request_parts(status, msg, outputs, live)
         answers = []
-        for req in live:
+        for req, part in zip(live, parts):
             req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
-            if status == Status.OK:
-                answers.append(self.scatter(req, outputs, row))
-            else:
-                answers.append((status, msg, []))
-            row += req.rows
+            answers.append(self.scatter(req, part, 0) if status == Status.OK else (status, msg, []))
         return answers, t_infer, t_output
+
+    def request_parts(self, status, msg, outputs, live: list[Request]):
+        """(status, message, each request's outputs) of a batch's outputs: its rows, or
+        for a batch_output, its part by its source input's shape (ragged.py)."""
+        if status != Status.OK:
+            return status, msg, [None] * len(live)
+        try:
+            return status, msg, ragged.split_outputs(
+                outputs, self.spec.batch_outputs, self.request_shapes(live),
+                [r.rows for r in live], self.batched)
+        except ValueError as e:
+            return Status.INTERNAL, f"model '{self.spec.name}': {e}", [None] * len(live)
+
+    def request_shapes(self, live: list[Request]) -> list[dict]:
+        """Per request, input name -> the shape it sent."""
+        names = [t.name for t in self.spec.inputs]
+        return [{names[ref[0]]: tuple(ref[4]) for ref in req.inputs} for req in live]
 
     def execute_cached(self, live: list[Request]) -> tuple[list, int, int, list[Request]]:
         """execute_batch with the response cache (response_cache.py): each request's
@@ -351,27 +372,21 @@ class Worker:
             now = time.monotonic_ns()
             return answers, now, now, []
         run = [live[i] for i, *_ in misses]
-        merged = {}
-        for k, spec in enumerate(self.spec.inputs):
-            arrays = [dict(inputs).get(spec.name) for _, inputs, _, _ in misses]
-            if arrays[0] is not None:  # an optional input the batch left out stays out
-                merged[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        per_input = [[dict(inputs).get(spec.name) for _, inputs, _, _ in misses]
+                     for spec in self.spec.inputs]
         requests = [(r.rows, r.parameters) for r in run] if self.reads_parameters else None
         status, msg, outputs, t_infer, t_output = self.execute_timed(
-            lambda: self.to_model(merged), sum(r.rows for r in run), requests)
-        row = 0
-        for (i, _, key, lookup_ns), req in zip(misses, run):
+            lambda: self.merge_inputs(per_input, run), sum(r.rows for r in run), requests)
+        status, msg, parts = self.request_parts(status, msg, outputs, run)
+        for (i, _, key, lookup_ns), req, part in zip(misses, run, parts):
             req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
             if status != Status.OK:
                 answers[i] = (status, msg, [])
-                row += req.rows
                 continue
-            answers[i] = self.scatter(req, outputs, row)
+            answers[i] = self.scatter(req, part, 0)
             t0 = time.monotonic_ns() - lookup_ns  # the miss: its lookup and its insert
-            cache.put(key, {name: np.array(arr[row:row + req.rows] if self.batched else arr)
-                            for name, arr in outputs.items()})
+            cache.put(key, {name: np.array(arr) for name, arr in part.items()})
             srv.record_waits(model_off, Duration.CACHE_MISS, [t0])
-            row += req.rows
         return answers, t_infer, t_output, run
 
     def begin_sequences(self, live: list[Request]) -> list[Request]:
@@ -517,13 +532,25 @@ class Worker:
             buf = req.arena.buffer
             for ref in req.inputs:
                 per_input[ref[0]].append(self.view(buf, ref))
+        return self.merge_inputs(per_input, live)
+
+    def merge_inputs(self, per_input: list[list], live: list[Request]) -> dict:
+        """The batch's inputs from each input's per-request arrays, in the model's
+        shapes; a ragged input as one flat concatenation, and the batch inputs."""
         out = {}
         for spec, arrays in zip(self.spec.inputs, per_input):
             # An optional input the batch left out stays out: requests batch only with
             # requests that give the same inputs (the shape key says which they give).
-            if arrays:
+            if not arrays or arrays[0] is None:
+                continue
+            if spec.ragged:
+                out[spec.name] = np.concatenate([a.reshape(-1) for a in arrays])
+            else:
                 out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-        return self.to_model(out)
+        out = self.to_model(out)
+        if self.spec.batch_inputs:
+            out.update(ragged.batch_input_arrays(self.spec.batch_inputs, self.request_shapes(live)))
+        return out
 
     def to_model(self, inputs: dict) -> dict:
         """Inputs as callers send them, in the shapes the model takes (config reshape)."""
@@ -571,7 +598,8 @@ class Worker:
                 if arr.dtype != want:
                     raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
                                      f"'{spec.name}' is {arr.dtype}, config says {want}")
-            if self.batched and (arr.ndim < 1 or arr.shape[0] != rows):
+            if self.batched and (arr.ndim < 1 or arr.shape[0] != rows) and \
+                    spec.name not in self.scattered_outputs:
                 raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output '{spec.name}' "
                                  f"has shape {arr.shape}, expected {rows} rows first")
             if spec.reshape is not None:  # the model's shape back into the config's dims
