@@ -277,6 +277,26 @@ def test_control_block_vandalism_affects_only_the_vandal(server_factory, attack)
         raw.close()
 
 
+def test_zeroed_sleeping_flag_heals_after_one_sleep(server_factory):
+    """batcher_sleeping is the batcher's alone to count: zeroed once by a vandal, it is
+    set again on the batcher's next sleep, so pushes ring it again (a count would stay
+    one off for good and every request would wait for the batcher's idle tick)."""
+    server = server_factory()
+    victim = server.client(arena_bytes=1 << 20)
+    assert_serving(victim)
+    raw = RawLease(server.socket_path)
+    try:
+        sleeping = L["control.batcher_sleeping"]
+        helpers.wait_until(lambda: raw.ctl.load32(sleeping) == 1, 10,
+                           "the batcher never went to sleep")
+        raw.ctl.store32(sleeping, 0)
+        assert_serving(victim)  # wakes the batcher by its tick at worst; it sleeps again
+        helpers.wait_until(lambda: raw.ctl.load32(sleeping) == 1, 10,
+                           "one zeroing of batcher_sleeping outlasted the batcher's next sleep")
+    finally:
+        raw.close()
+
+
 def test_control_segment_and_arena_cannot_be_resized_by_a_client(main_server):
     """Both descriptors of the hello reply are memfds sealed against resizing: a
     shrunk control segment would SIGBUS the coordinator, the batcher and every client."""

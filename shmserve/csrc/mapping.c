@@ -123,16 +123,19 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* doorbell_wait(word_off, sleeping_off, seen, spin, timeout_ns) -> how it woke:
+/* doorbell_wait(word_off, sleeping_off, seen, spin, timeout_ns[, sole]) -> how it woke:
  * Wake.SPIN or Wake.SLEEP if the word moved, Wake.TIMEOUT (0, falsy) if not. spin is
  * the nanoseconds to spin, or an AdaptiveSpin: its policy decides and learns from the
- * wait (shms_spin_wait). */
+ * wait (shms_spin_wait). sole: the caller is the word's only waiter
+ * (shms_doorbell_wait_x). */
 static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   unsigned long long off, soff;
   unsigned int seen;
   long long spin_ns = 0, timeout_ns;
+  int sole = 0;
   PyObject *spin;
-  if (!PyArg_ParseTuple(args, "KKIOL", &off, &soff, &seen, &spin, &timeout_ns)) return NULL;
+  if (!PyArg_ParseTuple(args, "KKIOL|p", &off, &soff, &seen, &spin, &timeout_ns, &sole))
+    return NULL;
   Spin *policy = Py_TYPE(spin) == &SpinType ? (Spin *)spin : NULL;
   if (!policy && (spin_ns = PyLong_AsLongLong(spin)) == -1 && PyErr_Occurred()) return NULL;
   SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, off), *s = ATOMIC32(self, soff);
@@ -141,8 +144,8 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   shms_py_enter(self);
   Py_INCREF(spin); /* another thread may drop its last reference while we wait */
   Py_BEGIN_ALLOW_THREADS
-  moved = policy ? shms_spin_wait(&policy->spin, w, s, seen, timeout_ns)
-                 : shms_doorbell_wait(w, s, seen, spin_ns, timeout_ns);
+  moved = policy ? shms_spin_wait(&policy->spin, w, s, seen, timeout_ns, sole)
+                 : shms_doorbell_wait_x(w, s, seen, spin_ns, timeout_ns, NULL, sole);
   Py_END_ALLOW_THREADS
   Py_DECREF(spin);
   shms_py_leave(self);

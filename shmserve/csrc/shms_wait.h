@@ -65,10 +65,15 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
  * timeout_ns in all, <0 forever). The spin ends early when a yield was preempted
  * (SHMS_SPIN_PREEMPTED_NS); *preempted (if not NULL) says whether it was.
  * Returns SHMS_WAKE_SPIN (1) if the word moved while spinning, SHMS_WAKE_SLEEP (2) if
- * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout. */
+ * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout.
+ * *sleeping counts the sleepers (a client's threads on its arena); with sole, the
+ * caller is the word's only waiter (the batcher on control.doorbell) and sets and
+ * clears it instead: a vandal's write to a flag clients can reach then lasts one sleep,
+ * where a count it zeroed would stay one off for good (no push would ring again). */
 static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
                                        SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
-                                       int64_t spin_ns, int64_t timeout_ns, int *preempted) {
+                                       int64_t spin_ns, int64_t timeout_ns, int *preempted,
+                                       int sole) {
   uint64_t start = shms_now_ns(), last = start;
   if (preempted) *preempted = 0;
   for (;;) {
@@ -90,9 +95,15 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
       left = timeout_ns - (int64_t)(shms_now_ns() - start);
       if (left <= 0) return shms_load(word, memory_order_acquire) != seen ? 2 : 0;
     }
-    shms_fetch_add(sleeping, 1u, memory_order_seq_cst);
+    if (sole)
+      shms_store(sleeping, 1u, memory_order_seq_cst);
+    else
+      shms_fetch_add(sleeping, 1u, memory_order_seq_cst);
     if (shms_load(word, memory_order_seq_cst) == seen) shms_futex_wait(word, seen, left);
-    shms_fetch_add(sleeping, (uint32_t)-1, memory_order_seq_cst);
+    if (sole)
+      shms_store(sleeping, 0u, memory_order_seq_cst);
+    else
+      shms_fetch_add(sleeping, (uint32_t)-1, memory_order_seq_cst);
     if (shms_load(word, memory_order_acquire) != seen) return 2;
   }
 }
@@ -100,7 +111,7 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
 static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
                                      SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
                                      int64_t spin_ns, int64_t timeout_ns) {
-  return shms_doorbell_wait_x(word, sleeping, seen, spin_ns, timeout_ns, NULL);
+  return shms_doorbell_wait_x(word, sleeping, seen, spin_ns, timeout_ns, NULL, 0);
 }
 #endif /* __linux__ */
 
@@ -164,11 +175,11 @@ static inline void shms_spin_outcome(shms_spin *s, int preempted) {
  * spun nothing (budget 0) counts down the backoff. Returns as shms_doorbell_wait. */
 static inline int shms_spin_wait(shms_spin *s, SHMS_ATOMIC(uint32_t) * word,
                                  SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
-                                 int64_t timeout_ns) {
+                                 int64_t timeout_ns, int sole) {
   uint64_t start = shms_now_ns();
   int preempted = 0;
   int how = shms_doorbell_wait_x(word, sleeping, seen, shms_spin_budget(s), timeout_ns,
-                                 &preempted);
+                                 &preempted, sole);
   if (how) shms_spin_record(s, (int64_t)(shms_now_ns() - start));
   shms_spin_outcome(s, preempted);
   return how;

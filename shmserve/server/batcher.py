@@ -247,7 +247,8 @@ class Batcher:
             busy = any(self.maps.srv.load32(off) for off in states)
             # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
             # (the spin policy, shms_spin_wait, decides and learns from this wait)
-            woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout)
+            # sole: we are the doorbell's one sleeper, and clients can write the flag
+            woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout, True)
             if woke:
                 self.maps.count_wake(L["server.batcher_wakeups"], woke)
             elif deadline is None and not self.maps.parent_alive():
