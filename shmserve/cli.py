@@ -321,7 +321,7 @@ def cmd_load(args) -> int:
 def cmd_unload(args) -> int:
     from . import protocol as P
 
-    _ask(args.name, P.UnloadModel(args.model), timeout=args.timeout)
+    _ask(args.name, P.UnloadModel(args.model, args.unload_dependents), timeout=args.timeout)
     print(f"model '{args.model}' unloaded")
     return 0
 
@@ -757,6 +757,9 @@ def main(argv: list[str] | None = None) -> int:
                         "ones are refused (--model-control-mode explicit)")
     un.add_argument("model")
     un.add_argument("--name", default=DEFAULT_NAME)
+    un.add_argument("--unload-dependents", action="store_true",
+                    help="also unload the ensembles that call the model (Triton's "
+                         "unload_dependents)")
     un.add_argument("--timeout", type=float, default=600.0,
                     help="seconds to wait for the unload (default 600)")
     un.set_defaults(fn=cmd_unload)

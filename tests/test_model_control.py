@@ -354,6 +354,47 @@ def test_ensemble_loaded_while_serving_is_checked_against_served_models(server_f
         np.testing.assert_array_equal(c.infer("pipeline", {"INPUT": x})["OUTPUT"], composed(x))
 
 
+def test_unload_dependents_takes_the_ensembles_calling_the_model(server_factory):
+    """Triton's unload_dependents: without it an ensemble stays loaded and its requests
+    fail naming the missing step; with it (Python client, HTTP, gRPC) the ensembles that
+    call the model go too, and the other steps' models stay."""
+    th = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
+    tg = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
+    import test_grpc_front
+    import test_http_front
+    from test_ensemble import composed, pipeline_repo
+
+    http_port, grpc_port = test_http_front.free_port(), test_http_front.free_port()
+    server = server_factory(models=(), setup=pipeline_repo,
+                            args=EXPLICIT + ["--load-model", "*", "--http-port", str(http_port),
+                                             "--grpc-port", str(grpc_port)])
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with shmserve.Client(server.name) as c:
+        c.unload_model("double")
+        assert index(c)[("pipeline", "1")] == ("READY", "")
+        with pytest.raises(errors.ShmServeError, match=r"pipeline.*step 1 \(model 'double'"):
+            c.infer("pipeline", {"INPUT": x})
+        c.load_model("double")
+        np.testing.assert_array_equal(c.infer("pipeline", {"INPUT": x})["OUTPUT"], composed(x))
+
+        c.unload_model("double", unload_dependents=True)
+        assert index(c)[("pipeline", "")] == ("UNAVAILABLE", "unloaded")
+        assert index(c)[("add_one", "1")] == ("READY", "")
+        assert index(c)[("combine", "1")] == ("READY", "")
+        for module, port, step in ((test_http_front, http_port, "add_one"),
+                                   (test_grpc_front, grpc_port, "combine")):
+            c.load_model("double")
+            c.load_model("pipeline")
+            client = module.wait_live(server, port)
+            try:
+                client.unload_model(step, unload_dependents=True)  # tritonclient's API
+                assert not client.is_model_ready("pipeline") and not client.is_model_ready(step)
+                assert client.is_model_ready("double")
+            finally:
+                client.close()
+            c.load_model(step)
+
+
 def test_grpc_repository_extension(server_factory):
     tg = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
     from test_grpc_front import wait_live

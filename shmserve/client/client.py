@@ -101,11 +101,13 @@ class Client:
         finally:
             self.engine.forget(model)
 
-    def unload_model(self, model: str) -> None:
+    def unload_model(self, model: str, unload_dependents: bool = False) -> None:
         """Unloads every version of a model: its requests in flight finish, new ones
-        are refused (UNAVAILABLE, naming the model); returns once its workers stopped."""
+        are refused (UNAVAILABLE, naming the model); returns once its workers stopped.
+        unload_dependents: the ensembles that call it go too (Triton's); else they
+        stay loaded and their requests fail naming the missing step."""
         try:
-            self.engine.call(P.UnloadModel(model))
+            self.engine.call(P.UnloadModel(model, unload_dependents))
         finally:
             self.engine.forget(model)
 

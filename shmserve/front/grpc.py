@@ -352,8 +352,9 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, self._unload(request))
 
     async def _unload(self, request):
+        dependents = request.parameters.get("unload_dependents")
         await self.control(self.client.unload_model, request.model_name,
-                           timeout=LOAD_TIMEOUT_S)
+                           bool(dependents and dependents.bool_param), timeout=LOAD_TIMEOUT_S)
         return pb.RepositoryModelUnloadResponse()
 
     # -- inference ---------------------------------------------------------------------

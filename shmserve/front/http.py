@@ -117,7 +117,11 @@ class Front:
             raise codec.BadRequest("'parameters' must be a JSON object")
         model = m["model"]
         if m["action"] == "unload":
-            await self.control(self.client.unload_model, model, timeout=LOAD_TIMEOUT_S)
+            dependents = params.get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise codec.BadRequest("'unload_dependents' must be a boolean")
+            await self.control(self.client.unload_model, model, dependents,
+                               timeout=LOAD_TIMEOUT_S)
             return 200, b"", {}
         files = {}
         for key in (k for k in params if k.startswith("file:")):  # Triton: base64 contents

@@ -131,9 +131,11 @@ class LoadModel(Message):
 @dataclasses.dataclass
 class UnloadModel(Message):
     """Unloads every version of a model: requests it holds finish, new ones are
-    refused (UNAVAILABLE, naming the model), then its workers stop."""
+    refused (UNAVAILABLE, naming the model), then its workers stop.
+    `unload_dependents`: the ensembles calling it are unloaded too (Triton's)."""
     OP: ClassVar[str] = "unload"
     model: str
+    unload_dependents: bool = False
 
 
 @dataclasses.dataclass

@@ -271,7 +271,7 @@ class ControlPlane:
                         await self.load_op(msg.model, msg.config, msg.files)
                         reply = P.Done()
                     elif isinstance(msg, P.UnloadModel):
-                        await self.unload_op(msg.model)
+                        await self.unload_op(msg.model, msg.unload_dependents)
                         reply = P.Done()
                     else:
                         reply = self.handle(msg, lease)

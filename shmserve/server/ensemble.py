@@ -50,6 +50,22 @@ def steps_of(cfg: mc.ModelConfig) -> tuple[Step, ...]:
                  for i, s in enumerate(cfg.ensemble_scheduling.step))
 
 
+def dependents(specs, name: str) -> list[str]:
+    """The ensembles among specs that call `name`, directly or through another
+    ensemble (Triton's unload_dependents), callers before the ensembles they call."""
+    calls = {s.name: {step.model for step in steps_of(s.config())}
+             for s in specs if s.backend == PLATFORM}
+    found: list[str] = []
+    todo = [name]
+    while todo:
+        callee = todo.pop()
+        for caller, callees in sorted(calls.items()):
+            if callee in callees and caller not in found and caller != name:
+                found.append(caller)
+                todo.append(caller)
+    return found[::-1]
+
+
 def order(steps: tuple[Step, ...], inputs: set[str]) -> list[Step]:
     """The steps in an order where each finds its inputs made (ConfigError if none)."""
     have, left, out = set(inputs), list(steps), []

@@ -447,10 +447,17 @@ class ModelControl:
         return entries
 
     # -- unload ------------------------------------------------------------------------------
-    async def unload_op(self, name: str) -> None:
+    async def unload_op(self, name: str, dependents: bool = False) -> None:
+        """dependents: the ensembles calling the model are unloaded too, first (Triton's
+        unload_dependents); else they stay and their requests fail naming the step."""
         self.check_model_control()
         async with self.table_lock:
             try:
+                if dependents:
+                    specs = [e.spec for e in self.table.all() if e.state != UNLOADING]
+                    for caller in ensemble.dependents(specs, name):
+                        log.info("model unloading: '%s' (an ensemble calling '%s')", caller, name)
+                        await self.unload_named(caller)
                 await self.unload_named(name)
             finally:
                 self.drop_unused_model_files()
