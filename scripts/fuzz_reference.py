@@ -174,8 +174,8 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         return _answer("NOT_FOUND", f"request names an unknown model id {mid}")
     m = models[mid]
     if not ready[mid]:
-        return _answer("UNAVAILABLE", f"model '{m.name}' version {m.version} is not available "
-                       "(it failed to load; see `shmserve models`)")
+        return _answer("UNAVAILABLE", f"model '{m.name}' version {m.version} is not ready "
+                       "(it is loading, or failed to load: see `shmserve models`)")
 
     def refuse(check: str, text: str) -> tuple[Status, str, str]:
         return _answer(check, f"model '{m.name}': {text}")

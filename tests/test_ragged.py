@@ -196,7 +196,7 @@ def test_per_request_python_models_take_ragged_inputs_but_no_batch_input(server_
             np.testing.assert_array_equal(f.result(30)["OUTPUT0"], x * 2)
         (s,) = c.statistics("per_request")
         assert s["execution_count"] == 1  # one batch, each request its own shape
-        with pytest.raises(errors.UnavailableError, match="'with_inputs' version 1 is not available"):
+        with pytest.raises(errors.UnavailableError, match="'with_inputs' version 1 is not ready"):
             c.infer("with_inputs", [xs[0]])
         (row,) = [m for m in c.models() if m["name"] == "with_inputs"]
         assert "batch_input and batch_output need a model that takes the whole batch" in \

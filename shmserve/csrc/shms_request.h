@@ -232,8 +232,8 @@ static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
   }
   sh->request.model_id = model_id; /* from here on the server's copy names the entry */
   if (!shms_load(&m->ready, memory_order_acquire)) {
-    snprintf(err, err_bytes, "model '%s' version %lld is not available (it failed to load; "
-             "see `shmserve models`)", m->name, (long long)m->version);
+    snprintf(err, err_bytes, "model '%s' version %lld is not ready (it is loading, or "
+             "failed to load: see `shmserve models`)", m->name, (long long)m->version);
     return SHMS_ERR_UNAVAILABLE;
   }
   uint32_t rows = 0;

@@ -227,7 +227,7 @@ void suite(const shmserve::Options &opts) {
                                           "boom", Status::INTERNAL);
     expect_error<shmserve::UnavailableError>("model failed to load",
                                              [&] { client.infer("broken", {{"INPUT0", {1, 4}, f}}); },
-                                             "not available", Status::UNAVAILABLE);
+                                             "failed to load", Status::UNAVAILABLE);
     auto r = client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}});  // still serving
     CHECK(check_simple(r, a, a), "no answer after errors");
     r.release();
