@@ -47,7 +47,15 @@ def cases(raw: RawLease):
         "input in the arena header": ("identity", 1, 1, [(0, FP32, 2, 0, 16, (1, 4))],
                                       [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
         "input offset unaligned": ("identity", 1, 1, [(0, FP32, 2, d + 8, 16, (1, 4))],
-                                   [good_out], {Status.BAD_DESCRIPTOR}, "INPUT0"),
+                                   [good_out], {Status.BAD_DESCRIPTOR},
+                                   f"input 'INPUT0' data offset {d + 8} is not a multiple of 64"),
+        "input offset unaligned and past the arena": (
+            "identity", 1, 1, [(0, FP32, 2, end + 8, 16, (1, 4))], [good_out],
+            {Status.BAD_DESCRIPTOR}, "is not a multiple of 64"),
+        "output offset unaligned": ("identity", 1, 1, [good_in], [(0, 0, 0, d + 4100, 64, ())],
+                                    {Status.BAD_DESCRIPTOR},
+                                    f"output 'OUTPUT0' buffer offset {d + 4100} is not a multiple "
+                                    "of 64"),
         "input nbytes 2^63": ("identity", 1, 1, [(0, FP32, 2, d, 2**63, (1, 4))], [good_out],
                               {Status.BAD_DESCRIPTOR}, "outside"),
         "input offset wraps around": ("identity", 1, 1, [(0, FP32, 2, huge, 128, (1, 32))],
