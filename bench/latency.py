@@ -433,7 +433,7 @@ def render(res: dict) -> str:
     L += [f"- server statistics (identity): {json.dumps(res['server_stats'])}",
           f"- shmserve segments in /dev/shm with the client connected: "
           f"{len(res.get('segments_with_client', []))}, after it closed: "
-          f"{len(res.get('segments_after_client_close', []))}, after the server stopped: "
+          f"{len(res.get('segments_after_client_close', []))}, when the server was stopped: "
           f"{len(res.get('segments_after_stop', []))}", ""]
     return "\n".join(L)
 
@@ -553,9 +553,9 @@ def run_shmserve_and_refs(args, res: dict, log_path: Path) -> bool:
             res["notes"].append("shmserve: the coordinator still held the client's arena "
                                 "5 s after the client closed")
         res["segments_after_client_close"] = server.segments()
-        if res["segments_after_client_close"] != [f"{server.prefix.lstrip('/')}-srv"]:
-            res["notes"].append("shmserve: /dev/shm after the client closed (expected the "
-                                f"server segment only): {res['segments_after_client_close']}")
+        if res["segments_after_client_close"]:
+            res["notes"].append("shmserve: /dev/shm segments of the server's own after the "
+                                f"client closed (expected none): {res['segments_after_client_close']}")
     except Exception as e:  # noqa: BLE001 - reported, and the server is stopped below
         ok = False
         res["notes"].append(f"shmserve run failed: {type(e).__name__}: {e}")
@@ -563,7 +563,7 @@ def run_shmserve_and_refs(args, res: dict, log_path: Path) -> bool:
         res["notes"] += [f"shmserve: {n}" for n in stop_server(server)]
         res["segments_after_stop"] = server.leftover
         if server.record is None and server.proc is not None:
-            res["notes"].append("shmserve: no server record found: /dev/shm was not checked")
+            res["notes"].append("shmserve: the server never answered: /dev/shm was not checked")
     if not ok or not shm:
         return False
     res["references"] = {k: median_over_repeats([r[k] for r in refs]) for k in refs[0]}

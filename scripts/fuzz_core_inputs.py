@@ -196,7 +196,8 @@ def take_edges() -> list[bytes]:
     """Bounds at the edges of the caller's data, which an edge-minimised corpus need
     not keep (one input reaches both sides of a comparison): for a well-formed request
     to each model, its first input's and first output's (offset, nbytes) set just
-    inside and just outside [data_offset, arena size), and wrapping 2^64."""
+    inside and just outside [data_offset, arena size), wrapping 2^64, and misaligned
+    (inside and outside: the misalignment is reported first)."""
     seg = segments()
     out = []
     for mid in range(N_MODELS):
@@ -212,7 +213,8 @@ def take_edges() -> list[bytes]:
                 for off, nb in ((end - ALIGN, ALIGN), (end - ALIGN, ALIGN + 1), (end, 0),
                                 (end, 1), (end + ALIGN, 0), (begin - ALIGN, nbytes),
                                 (begin, end - begin), (begin, end - begin + 1),
-                                (U64 + 1 - ALIGN, 2 * ALIGN), (begin, U64 - begin + 1)):
+                                (U64 + 1 - ALIGN, 2 * ALIGN), (begin, U64 - begin + 1),
+                                (begin + 1, nbytes), (begin + ALIGN // 2, 0), (end + 1, 0)):
                     r = bytearray(req)
                     R.OFFSET.put(r, base, off & U64)
                     R.NBYTES.put(r, base, nb & U64)

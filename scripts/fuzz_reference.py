@@ -118,11 +118,13 @@ CHECKS = [
     ("5", "has data type", Status.INVALID_ARG), ("6", "dimensions, expected", Status.INVALID_ARG),
     ("7", "negative dimension", Status.INVALID_ARG), ("8", "outside 1..", Status.INVALID_ARG),
     ("9", "differs from", Status.INVALID_ARG), ("10", "' dimension ", Status.INVALID_ARG),
-    ("11", "' data [", Status.BAD_DESCRIPTOR), ("12", "shape overflows", Status.INVALID_ARG),
+    ("11", "' data offset ", Status.BAD_DESCRIPTOR), ("11", "' data [", Status.BAD_DESCRIPTOR),
+    ("12", "shape overflows", Status.INVALID_ARG),
     ("13", "its shape needs", Status.INVALID_ARG), ("14", "output index", Status.INVALID_ARG),
     ("15", "requested twice", Status.INVALID_ARG),
     ("15a", "writes outputs into", Status.INVALID_ARG),
-    ("16", "' buffer [", Status.BAD_DESCRIPTOR), ("17", "names no output", Status.INVALID_ARG),
+    ("16", "' buffer offset ", Status.BAD_DESCRIPTOR), ("16", "' buffer [", Status.BAD_DESCRIPTOR),
+    ("17", "names no output", Status.INVALID_ARG),
     ("18", "set unknown bits", Status.BAD_DESCRIPTOR),
     ("19", "request parameters hold", Status.INVALID_ARG),
     ("20", "request parameters [", Status.BAD_DESCRIPTOR),
@@ -180,9 +182,15 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
     def refuse(check: str, text: str) -> tuple[Status, str, str]:
         return _answer(check, f"model '{m.name}': {text}")
 
-    def outside(t: dict) -> bool:
+    def placement(t: dict, check: str, what: str) -> tuple | None:
+        """Check 11 (an input's data) or 16 (an output's buffer): its offset aligned,
+        then [offset, +nbytes) inside the caller's data region. -> refusal or None."""
         off, nb = t["offset"], t["nbytes"]
-        return bool(off % ALIGN) or off < data_begin or off > data_end or nb > data_end - off
+        if off % ALIGN:
+            return refuse(check, f"{what} offset {off} is not a multiple of {ALIGN}")
+        if off < data_begin or off > data_end or nb > data_end - off:
+            return refuse(check, f"{what} [{off}, +{nb}) is outside the caller's arena")
+        return None
 
     def entry(t: dict, side: str, seen: set) -> tuple[tuple | None, str]:
         """Checks 3, 4, 4a of an input or 14, 15, 15a of an output: its index names a
@@ -248,9 +256,9 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         for d, want in enumerate(s.dims, start=batched):
             if want >= 0 and shape[d] != want:
                 return refuse("10", f"{name} dimension {d} is {shape[d]}, expected {want}")
-        if outside(t):
-            return refuse("11", f"{name} data [{t['offset']}, +{t['nbytes']}) is outside the "
-                          "caller's arena")
+        refusal = placement(t, "11", f"{name} data")
+        if refusal:
+            return refusal
         need = tensor_bytes(t["dtype"], shape)
         if need == U64:  # an overflow, or exactly 2^64 - 1 bytes: the C code cannot tell
             return refuse("12", f"{name} shape overflows")
@@ -262,9 +270,9 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         refusal, name = entry(t, "output", out_seen)
         if refusal:
             return refusal
-        if outside(t):
-            return refuse("16", f"{name} buffer [{t['offset']}, +{t['nbytes']}) is outside the "
-                          "caller's arena")
+        refusal = placement(t, "16", f"{name} buffer")
+        if refusal:
+            return refusal
     if no == 0:
         return refuse("17", "request names no output buffer")
     flags, pbytes, poff = req["flags"], req["parameters_bytes"], req["parameters_offset"]

@@ -2,8 +2,9 @@
 process role needs, clients included. Creating segments is the coordinator's alone
 (shmserve/server/segments.py).
 
-The server-private segment is a named POSIX segment; the control segment and each
-client's arena are sealed memfds, handed over as file descriptors.
+Every segment is a sealed memfd with no name in /dev/shm: the control segment and
+each client's arena are handed over as file descriptors, the server-private segment
+is inherited by the batcher and the workers.
 """
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ import fcntl
 import mmap
 import os
 from pathlib import Path
-
-import posix_ipc
 
 from . import _core
 
@@ -60,22 +59,9 @@ def pid_alive(pid: int) -> bool:
 
 
 class Segment:
-    """A mapped shared-memory segment with its protocol operations (`ops`, the C
-    core's Mapping). Segment(name) opens a named POSIX segment; from_fd and open_path
-    map a sealed memfd. `fd` is the descriptor this object owns (a segment the
-    coordinator created), else None."""
-
-    def __init__(self, name: str, size: int | None = None):
-        mem = posix_ipc.SharedMemory(name)
-        try:
-            size = mem.size if size is None else size
-            if mem.size < size:
-                raise ValueError(f"segment {name} holds {mem.size} bytes, expected {size}")
-            self._map(name, mem.fd, size)
-        finally:
-            os.close(mem.fd)
-        self.fd = None
-        self.named = True
+    """A mapped sealed memfd with its protocol operations (`ops`, the C core's
+    Mapping), made by from_fd or open_path. `fd` is the descriptor this object owns
+    (a segment the coordinator created), else None."""
 
     @classmethod
     def from_fd(cls, fd: int, size: int, name: str) -> "Segment":
@@ -90,7 +76,6 @@ class Segment:
         seg = cls.__new__(cls)
         seg._map(name, fd, size)
         seg.fd = None
-        seg.named = False
         return seg
 
     @classmethod
@@ -123,16 +108,5 @@ class Segment:
             self.mmap.close()
         except BufferError:
             # numpy views of this segment are still alive; the mapping stays until
-            # they go, the name is unlinked regardless.
+            # they go (a memfd has no name: it goes with its last descriptor and mapping).
             pass
-
-    def unlink(self) -> None:
-        if self.named:  # a memfd has no name: it goes with its last descriptor and mapping
-            unlink_quietly(self.name)
-
-
-def unlink_quietly(name: str) -> None:
-    try:
-        posix_ipc.unlink_shared_memory(name)
-    except posix_ipc.ExistentialError:
-        pass

@@ -220,9 +220,27 @@ def write_test_models(repo: Path) -> None:
 # ---------------------------------------------------------------- processes and /dev/shm
 
 # The server harness is shared with bench/ and scripts/soak.py; re-exported for the tests.
-from shmserve_bench.harness import ARENA_LABEL, ServerProcess, poll_until, shm_entries  # noqa: E402,F401
+from shmserve_bench.harness import ARENA_LABEL, ServerProcess, poll_until  # noqa: E402,F401
 from shmserve_bench.harness import unique_name  # noqa: E402
-from shmserve_bench.proctree import children_of, group_members, open_memfds  # noqa: E402,F401
+from shmserve_bench.proctree import children_of, cmdline, group_members, open_memfds, shm_files  # noqa: E402,F401
+
+
+def memfd_path(pid: int, label: str) -> str:
+    """/proc/<pid>/fd/<n> of the memfd labelled `label` that process pid holds: a
+    coordinator's "shmserve-control" or "shmserve-server"."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/memfd:{label} "):
+                return f"/proc/{pid}/fd/{fd}"
+        except OSError:  # closed meanwhile
+            continue
+    raise AssertionError(f"process {pid} holds no memfd {label!r}")
+
+
+def maps_memfd(pid: int, label: str) -> bool:
+    """Whether process pid has the memfd labelled `label` mapped."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any(f"/memfd:{label} " in line for line in f)
 from shmserve_bench.hostile import RawLease  # noqa: E402,F401
 
 

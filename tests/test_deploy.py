@@ -257,7 +257,7 @@ def test_server_flags_ports_and_probes_agree(container, pod):
             annotations = doc["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(o["metrics_port"])
     assert annotations["prometheus.io/path"] == "/metrics"
-    # The server's segment and control socket live on memory-backed volumes.
+    # /dev/shm (system shared memory regions) and the control socket on memory-backed volumes.
     mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     runtime = next(e["value"] for e in container["env"] if e["name"] == "SHMSERVE_RUNTIME_DIR")

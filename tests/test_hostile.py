@@ -47,7 +47,15 @@ def cases(raw: RawLease):
         "input in the arena header": ("identity", 1, 1, [(0, FP32, 2, 0, 16, (1, 4))],
                                       [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
         "input offset unaligned": ("identity", 1, 1, [(0, FP32, 2, d + 8, 16, (1, 4))],
-                                   [good_out], {Status.BAD_DESCRIPTOR}, "INPUT0"),
+                                   [good_out], {Status.BAD_DESCRIPTOR},
+                                   f"input 'INPUT0' data offset {d + 8} is not a multiple of 64"),
+        "input offset unaligned and past the arena": (
+            "identity", 1, 1, [(0, FP32, 2, end + 8, 16, (1, 4))], [good_out],
+            {Status.BAD_DESCRIPTOR}, "is not a multiple of 64"),
+        "output offset unaligned": ("identity", 1, 1, [good_in], [(0, 0, 0, d + 4100, 64, ())],
+                                    {Status.BAD_DESCRIPTOR},
+                                    f"output 'OUTPUT0' buffer offset {d + 4100} is not a multiple "
+                                    "of 64"),
         "input nbytes 2^63": ("identity", 1, 1, [(0, FP32, 2, d, 2**63, (1, 4))], [good_out],
                               {Status.BAD_DESCRIPTOR}, "outside"),
         "input offset wraps around": ("identity", 1, 1, [(0, FP32, 2, huge, 128, (1, 32))],
@@ -346,17 +354,27 @@ def _exchange(sock, body: bytes) -> dict:
     return P.recv_frame(sock)
 
 
+_pack = __import__("msgpack").packb
+# name: (body, what the error reply says); every one is code 1 (malformed / invalid).
 MALFORMED_CONTROL = {
-    "not msgpack": b"hello",
-    "not a map": __import__("msgpack").packb([1, 2]),
-    "unknown op": __import__("msgpack").packb({"op": "format_disk"}),
-    "arena size not a number": __import__("msgpack").packb(
-        {"op": "hello", "version": P.PROTOCOL_VERSION, "arena_bytes": "lots"}),
-    "wrong protocol version": __import__("msgpack").packb(
-        {"op": "hello", "version": 99, "arena_bytes": 4096}),
-    "version not a number": __import__("msgpack").packb(
-        {"op": "metadata", "model": "identity", "version": "abc"}),
-    "model name not a string": __import__("msgpack").packb({"op": "metadata", "model": [1]}),
+    "not msgpack": (b"hello", "malformed control message"),
+    "not a map": (_pack([1, 2]), "control frame is not a map"),
+    "unknown op": (_pack({"op": "format_disk"}), "unknown control operation 'format_disk'"),
+    "op as bin": (_pack({"op": b"models"}, use_bin_type=True),
+                  "malformed control message: ValueError: field 'op' must be str, got bytes"),
+    "arena size not a number": (
+        _pack({"op": "hello", "version": P.PROTOCOL_VERSION, "arena_bytes": "lots"}),
+        "field 'arena_bytes' must be int, got str"),
+    "wrong protocol version": (_pack({"op": "hello", "version": 99, "arena_bytes": 4096}),
+                               "protocol version 99 not supported"),
+    "protocol version an empty string": (_pack({"op": "hello", "version": ""}),
+                                         "field 'version' must be int or nil, got str"),
+    "version not a number": (_pack({"op": "metadata", "model": "identity", "version": "abc"}),
+                             "field 'version' must be int or nil, got str"),
+    "model name a number": (_pack({"op": "metadata", "model": 5}),
+                            "GetMetadata: field 'model' must be str, got int"),
+    "model name not a string": (_pack({"op": "metadata", "model": [1]}),
+                                "field 'model' must be str, got list"),
 }
 
 
@@ -367,9 +385,10 @@ def test_malformed_control_messages_get_error_replies(main_server, client):
     sock.connect(str(main_server.socket_path))
     sock.settimeout(10)
     try:
-        for name, body in MALFORMED_CONTROL.items():
+        for name, (body, says) in MALFORMED_CONTROL.items():
             reply = _exchange(sock, body)  # same connection: it stays usable
-            assert reply["ok"] is False and reply["error"], (name, reply)
+            assert reply["ok"] is False and reply["code"] == 1, (name, reply)
+            assert says in reply["error"], (name, reply)
         # an oversized frame ends that connection, and only that one
         from shmserve import protocol as P
         sock.sendall(P.FRAME_HEADER.pack(P.MAX_FRAME_BYTES + 1))

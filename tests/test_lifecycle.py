@@ -3,7 +3,6 @@ no /dev/shm space, bad repositories, worker crashes. Each test has servers of it
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import os
 import signal
 import stat
@@ -19,7 +18,6 @@ from helpers import (
     SLEEPER_CODE,
     assert_serving,
     python_config,
-    shm_entries,
     wait_in_flight,
     wait_until,
     write_model,
@@ -29,7 +27,7 @@ import helpers
 import shmserve
 from shmserve import errors
 from shmserve.protocol import LAYOUT, ClientState, SlotState
-from shmserve.server.segments import SHM_DIR, control_size, remove_segments
+from shmserve.server.segments import ServerLayout, control_size, mem_available_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,17 +60,13 @@ def test_clean_shutdown_leaves_nothing(server_factory, sig):
     server = server_factory(setup=with_sleeper)
     c1, c2 = server.client(arena_bytes=1 << 20), server.client(arena_bytes=2 << 20)
     held = c1.infer("identity", [np.ones((1, 8), np.float32)])  # a live view at shutdown
-    segs = server.segments()
-    assert len(segs) == 1, segs  # the server segment; control and arenas are memfds
+    assert helpers.shm_files(server.members()) == []  # every segment is a memfd
     assert len(server.arenas()) == 2, server.arenas()  # one per client
-    for name in segs:
-        assert stat.S_IMODE((SHM_DIR / name).stat().st_mode) == 0o600, name
     assert stat.S_IMODE(server.socket_path.stat().st_mode) == 0o600
     assert stat.S_IMODE(server.runtime_dir.stat().st_mode) == 0o700
     assert len(server.members()) >= 4  # coordinator, batcher, identity and sleeper workers
 
     assert server.stop(sig) == 0
-    assert server.segments() == []
     wait_until(lambda: not server.members(), 5, "the server's processes to exit",
                state=server.members)
     assert not server.socket_path.exists() and not server.record_path.exists()
@@ -142,34 +136,26 @@ def test_stop_drains_requests_in_flight(server_factory):
 
 def test_server_sigkilled_while_client_waits(server_factory):
     server = server_factory(setup=with_sleeper)
-    name, prefix = server.name, server.prefix
+    name = server.name
     c = server.client(arena_bytes=1 << 20)
     children = [p for p in server.members() if p != server.pid]
-    try:
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(sleep_request, c, 30.0)
-            wait_in_flight(server, c, SlotState.RUNNING)
-            server.kill()
-            server.proc.wait(10)  # reaped, as any supervisor would
-            with pytest.raises(errors.ServerDeadError, match=server.name):
-                waiting.result(timeout=15)  # an error, not a hang
-        with pytest.raises(errors.ServerDeadError):
-            c.infer("identity", [np.ones((1, 4), np.float32)])
-        # Its children die with it (PDEATHSIG)...
-        wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in children),
-                   5, "the server's children to die with it")
-        # ...but its named segment cannot be unlinked by a dead process (the control
-        # segment and the arenas are memfds: they went with the processes).
-        left = shm_entries(prefix)
-        assert [n for n in left if n.endswith("-srv")] == left and left, left
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(sleep_request, c, 30.0)
+        wait_in_flight(server, c, SlotState.RUNNING)
+        server.kill()
+        server.proc.wait(10)  # reaped, as any supervisor would
+        with pytest.raises(errors.ServerDeadError, match=server.name):
+            waiting.result(timeout=15)  # an error, not a hang
+    with pytest.raises(errors.ServerDeadError):
+        c.infer("identity", [np.ones((1, 4), np.float32)])
+    # Its children die with it (PDEATHSIG); its segments, all memfds, went with the
+    # processes: nothing was left in /dev/shm to clean.
+    wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and _alive(p) for p in children),
+               5, "the server's children to die with it")
 
-        # The next start of the same name cleans them and serves.
-        again = server_factory(setup=with_sleeper, name=name)
-        assert again.prefix != prefix
-        assert shm_entries(prefix) == []
-        assert_serving(again.client(arena_bytes=1 << 20))
-    finally:
-        remove_segments(prefix)
+    # The next start of the same name serves.
+    again = server_factory(setup=with_sleeper, name=name)
+    assert_serving(again.client(arena_bytes=1 << 20))
 
 
 def _alive(pid: int) -> bool:
@@ -184,7 +170,6 @@ def test_server_sigkilled_not_yet_reaped(server_factory):
     """A zombie server (dead, not reaped by its parent: here the test process)
     must not pass for a live one: the waiting caller gets ServerDeadError."""
     server = server_factory(setup=with_sleeper)
-    prefix = server.prefix
     c = server.client(arena_bytes=1 << 20)
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -195,7 +180,6 @@ def test_server_sigkilled_not_yet_reaped(server_factory):
                 waiting.result(timeout=15)
     finally:
         server.proc.wait(10)
-        remove_segments(prefix)
 
 
 def test_worker_crash_answers_its_inflight_request(server_factory):
@@ -295,7 +279,7 @@ def test_second_server_with_same_name_is_refused(server_factory):
     assert str(first.pid) in second.stderr
     assert first.running()
     assert_serving(c)  # an existing client is not disturbed
-    assert first.segments()
+    assert helpers.open_memfds(first.pid, "shmserve-server")
 
 
 def test_first_server_reachable_after_name_conflict(server_factory):
@@ -304,26 +288,57 @@ def test_first_server_reachable_after_name_conflict(server_factory):
     assert_serving(first.client(arena_bytes=1 << 20))
 
 
-def test_no_shm_space_for_server_segment(server_factory, tmp_path):
-    """--max-clients x --slots-per-client beyond /dev/shm: exit 2, clear message,
-    nothing left behind (the control segment made before is removed too)."""
-    st = os.statvfs(SHM_DIR)
-    total = st.f_blocks * st.f_frsize
+def test_no_memory_for_server_segment(server_factory, tmp_path):
+    """--max-clients x --slots-per-client beyond the memory available: exit 2, clear
+    message naming the flags, nothing left behind."""
     slots = 1024
-    clients = total // (3128 * slots) + 16  # shadows alone exceed the whole of /dev/shm
+    shadows = ServerLayout(1, slots, 1, 1).size  # about one client's share of the segment
+    clients = 2 * mem_available_bytes() // shadows  # twice MemAvailable: refused before any allocation
     ring = 1 << (clients * slots - 1).bit_length()
     if control_size(ring) > 1 << 30:
-        pytest.skip("/dev/shm is so large that the control segment would take > 1 GiB")
+        pytest.skip("so much memory that the control segment would take > 1 GiB")
     server = server_factory(args=["--max-clients", str(clients), "--slots-per-client",
                                   str(slots)], start=False)
-    before = set(os.listdir(SHM_DIR))
     result = serve_cli(server.repo, server.name, *server.args)
     assert result.returncode == 2, result.stderr
-    assert "not enough space in /dev/shm" in result.stderr and "--max-clients" in result.stderr
-    new = set(os.listdir(SHM_DIR)) - before
-    assert not [n for n in new if (SHM_DIR / n).exists() and
-                (SHM_DIR / n).stat().st_size == control_size(ring)], new
+    assert "not enough space in memory for the server segment" in result.stderr and \
+        "--max-clients" in result.stderr, result.stderr
     assert not server.record_path.exists() and not server.socket_path.exists()
+
+
+def _server_children(server) -> dict[int, str]:
+    """{pid: "batcher" or the worker's model} of a server's children."""
+    found = {}
+    for pid in helpers.children_of(server.pid):
+        argv = helpers.cmdline(pid)
+        if "shmserve.server.batcher" in argv:
+            found[pid] = "batcher"
+        elif "shmserve.server.worker" in argv:
+            found[pid] = "worker"
+    return found
+
+
+def test_server_segment_is_an_inherited_memfd(server_factory):
+    """No process of a serving server holds or maps anything in /dev/shm: the
+    server-private segment is a memfd the coordinator holds and the batcher and the
+    workers inherit, restarted ones (after SIGKILL) included, which then serve."""
+    server = server_factory()
+    c = server.client(arena_bytes=1 << 20)
+    assert_serving(c)
+    assert helpers.shm_files(server.members()) == []
+    assert helpers.open_memfds(server.pid, "shmserve-server")
+    before = _server_children(server)
+    assert sorted(before.values()) == ["batcher", "worker"], before
+    for pid in before:
+        assert helpers.maps_memfd(pid, "shmserve-server"), pid
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: sorted(_server_children(server).values()) == ["batcher", "worker"]
+               and not set(_server_children(server)) & set(before), 20,
+               "a new batcher and a new worker", state=lambda: _server_children(server))
+    assert_serving(c)
+    for pid in _server_children(server):
+        assert helpers.maps_memfd(pid, "shmserve-server"), pid
+    assert helpers.shm_files(server.members()) == []
 
 
 BAD_CONFIGS = {
@@ -496,7 +511,8 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
     pid = main_server.pid
     control = next(f"/proc/{pid}/fd/{fd.name}" for fd in Path(f"/proc/{pid}/fd").iterdir()
                    if os.readlink(fd).startswith("/memfd:shmserve-control"))
-    srv = Segment(main_server.prefix + "-srv")
+    server_segment = helpers.memfd_path(pid, "shmserve-server")
+    srv = Segment.open_path(server_segment, LAYOUT["server.size"])
     try:
         max_clients, slots, n_models, n_workers = (
             srv.ops.load32(LAYOUT[f"server.{f}"])
@@ -506,7 +522,8 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
     maps = ServerMaps({"max_clients": max_clients, "slots_per_client": slots,
                        "n_models": n_models, "n_workers": n_workers, "control": control,
                        "control_bytes": os.stat(control).st_size,
-                       "server": main_server.prefix + "-srv", "spin_us": 0, "max_spin_us": 0,
+                       "server_fd": os.open(server_segment, os.O_RDWR | os.O_CLOEXEC),
+                       "spin_us": 0, "max_spin_us": 0,
                        "coordinator_pid": pid})
     c = make_client(arena_bytes=1 << 20)
     state, lease = maps.lease_of(c.client_id)
@@ -570,11 +587,10 @@ def test_stop_signal_while_a_model_loads_cleans_up(server_factory):
     server = server_factory(models=(), setup=setup, args=["--load-timeout", "600"], start=False)
     with pytest.raises(RuntimeError, match="not ready"):
         server.start(timeout=3)  # the model hangs: no control socket yet
-    wait_until(lambda: server.record_path.exists(), 10, "the server's record")
-    prefix = json.loads(server.record_path.read_text())["prefix"]
-    wait_until(lambda: helpers.shm_entries(prefix), 10, "the server's segment")
+    wait_until(lambda: helpers.open_memfds(server.pid, "shmserve-server"), 10,
+               "the server's segment")
     assert server.stop(signal.SIGTERM) == 0
-    assert helpers.shm_entries(prefix) == [] and server.members() == []
+    assert server.members() == []
     assert "while starting: stopping" in server.log(), server.log()
 
 

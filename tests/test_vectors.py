@@ -87,6 +87,12 @@ def test_typed_control_messages_encode_the_vector_bytes():
     ({"op": "metadata", "version": 1}, "field 'model' is missing"),
     ({"op": "hello", "version": True}, "field 'version' must be int"),
     ({"op": "launch"}, "unknown control operation 'launch'"),
+    ({"op": b"models"}, "field 'op' must be str, got bytes"),
+    ({"op": "hello", "version": ""}, "field 'version' must be int or nil, got str"),
+    ({"op": "metadata", "model": "m", "version": 1.0}, "field 'version' must be int or nil"),
+    ({"op": "load", "model": "m", "files": [b"x"]}, "field 'files' must be dict or nil"),
+    ({"op": "shm_register", "name": "r", "key": "/k", "offset": False, "byte_size": 8},
+     "field 'offset' must be int, got bool"),
 ])
 def test_control_messages_refuse_what_they_do_not_declare(wire, problem):
     from shmserve import protocol as P

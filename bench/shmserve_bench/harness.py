@@ -4,7 +4,7 @@ and the soak runner:
     with ServerProcess(repo, log_path=tmp / "server.log") as server:   # started, ready
         client = server.client(arena_bytes=1 << 20)
         ...
-    # stopped with SIGTERM; RuntimeError if a process or a /dev/shm segment was left
+    # stopped with SIGTERM; RuntimeError if a process was left
 
 or, to report rather than raise: `server.start()`, then `problems = server.teardown()`.
 
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 
 import shmserve
-from shmserve.server.segments import SHM_DIR, remove_segments
+from shmserve.server.segments import PREFIX
 
-from .proctree import group_members, open_memfds
+from .proctree import group_members, open_memfds, shm_files
 
 ARENA_LABEL = "shmserve-arena-"  # a coordinator's arena memfds, one per live lease
 
@@ -45,12 +45,6 @@ def unique_name(prefix: str = "shms") -> str:
 def private_runtime_dir() -> Path:
     """A new 0700 directory with a short path (a socket path must fit in 108 bytes)."""
     return Path(tempfile.mkdtemp(prefix="shms-rt-", dir="/tmp"))
-
-
-def shm_entries(prefix: str) -> list[str]:
-    """/dev/shm entries of the server whose segment names start with `prefix`."""
-    base = prefix.lstrip("/") + "-"
-    return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(base))
 
 
 def poll_until(predicate, timeout: float, interval: float = 0.02) -> bool:
@@ -113,7 +107,7 @@ class ServerProcess:
         self.record: dict | None = None
         self.clients: list = []
         self.problems: list[str] = []  # of the last teardown
-        self.leftover: list[str] = []  # segments the last teardown found (and removed)
+        self.leftover: list[str] = []  # /dev/shm segments of its own the last teardown found
 
     # -- where things are ----------------------------------------------------------
     @property
@@ -127,10 +121,6 @@ class ServerProcess:
     @property
     def pid(self) -> int:
         return self.proc.pid
-
-    @property
-    def prefix(self) -> str:
-        return self.record["prefix"]
 
     @property
     def returncode(self) -> int | None:
@@ -189,8 +179,10 @@ class ServerProcess:
             return ""
 
     def segments(self) -> list[str]:
-        """Its entries in /dev/shm (a serving server has one: the server segment)."""
-        return shm_entries(self.prefix)
+        """The /dev/shm entries of the server's own (named with its prefix "shmserve-")
+        that its processes hold or map: none, every segment is a memfd. (The regions
+        users register through the fronts are named by them, never so.)"""
+        return [n for n in shm_files(self.members()) if n.startswith(PREFIX + "-")]
 
     def arenas(self) -> list[str]:
         """The arenas (memfds) the coordinator holds open: one per live lease."""
@@ -217,9 +209,9 @@ class ServerProcess:
 
     def teardown(self, term_timeout: float = 15.0) -> list[str]:
         """Closes its clients, stops the server (SIGTERM; SIGKILL of the whole group
-        if it or a child stays), then returns what was left behind: processes of its
-        group, segments with its prefix in /dev/shm. What is found is removed after
-        being reported, so that one failure does not leak into the next run."""
+        if it or a child stays), then returns what it found wrong: processes left in
+        its group, segments of its own in /dev/shm while it ran (there should be none,
+        every segment is a memfd, so nothing of it can outlive its processes)."""
         problems = []
         for c in self.clients:
             try:
@@ -227,6 +219,9 @@ class ServerProcess:
             except Exception as e:  # a close that raises is a finding of its own
                 problems.append(f"Client.close() raised {type(e).__name__}: {e}")
         self.clients.clear()
+        self.leftover = self.segments() if self.running() else []
+        if self.leftover:
+            problems.append(f"segments of its own in /dev/shm: {self.leftover}")
         if self.proc is not None:
             if self.running():
                 self.proc.send_signal(signal.SIGTERM)
@@ -242,10 +237,6 @@ class ServerProcess:
                 except (ProcessLookupError, PermissionError):
                     pass
             self.proc.wait(10)
-        self.leftover = self.segments() if self.record is not None else []
-        if self.leftover:
-            problems.append(f"segments left in /dev/shm: {self.leftover}")
-            remove_segments(self.prefix)
         if self.owns_runtime_dir:
             shutil.rmtree(self.runtime_dir, ignore_errors=True)
         self.problems = problems

@@ -83,3 +83,18 @@ def open_memfds(pid: int, label: str) -> list[str]:
         if target.startswith("/memfd:" + label):
             found.add(target)
     return sorted(found)
+
+
+def shm_files(pids) -> list[str]:
+    """The /dev/shm entries these processes hold open or have mapped, each once."""
+    found = set()
+    for pid in pids:
+        try:
+            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            with open(f"/proc/{pid}/maps") as f:
+                targets += [line.split(maxsplit=5)[-1].strip() for line in f]
+        except OSError:  # it exited meanwhile, or a descriptor closed
+            continue
+        found.update(t.removesuffix(" (deleted)").removeprefix("/dev/shm/")
+                     for t in targets if t.startswith("/dev/shm/"))
+    return sorted(found)

@@ -115,8 +115,12 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
                   "model '%s': input '%s' dimension %u is %lld, expected %lld", model,
                   s->name, d + batched, (long long)got, (long long)want);
     }
-    if (t->offset % SHMS_DATA_ALIGN || t->offset < data_begin || t->offset > data_end ||
-        t->nbytes > data_end - t->offset)
+    /* Misalignment has its own words: a caller must tell it from out-of-range. */
+    if (t->offset % SHMS_DATA_ALIGN)
+      SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
+                "model '%s': input '%s' data offset %llu is not a multiple of %d", model,
+                s->name, (unsigned long long)t->offset, SHMS_DATA_ALIGN);
+    if (t->offset < data_begin || t->offset > data_end || t->nbytes > data_end - t->offset)
       SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
                 "model '%s': input '%s' data [%llu, +%llu) is outside the caller's arena", model,
                 s->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
@@ -142,8 +146,11 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output '%s' is in memory kind %u device %u; "
                 "this server writes outputs into the caller's arena only (memory kind 0)",
                 model, m->outputs[t->index].name, t->memory_kind, t->device_id);
-    if (t->offset % SHMS_DATA_ALIGN || t->offset < data_begin || t->offset > data_end ||
-        t->nbytes > data_end - t->offset)
+    if (t->offset % SHMS_DATA_ALIGN)
+      SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
+                "model '%s': output '%s' buffer offset %llu is not a multiple of %d", model,
+                m->outputs[t->index].name, (unsigned long long)t->offset, SHMS_DATA_ALIGN);
+    if (t->offset < data_begin || t->offset > data_end || t->nbytes > data_end - t->offset)
       SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
                 "model '%s': output '%s' buffer [%llu, +%llu) is outside the caller's arena",
                 model, m->outputs[t->index].name, (unsigned long long)t->offset,

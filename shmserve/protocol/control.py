@@ -294,7 +294,12 @@ class UnknownOperation(ValueError):
 
 
 def decode_request(wire: dict) -> Message:
+    """The request of a decoded frame. ValueError (the reply's code 1, malformed) for a
+    field of the wrong type, "op" included (msgpack bin is not str), or a missing one;
+    UnknownOperation for an "op" no message declares."""
     op = wire.get("op")
+    if op is not None and not isinstance(op, str):
+        raise ValueError(f"field 'op' must be str, got {type(op).__name__}")
     if op not in REQUESTS:
         raise UnknownOperation(f"unknown control operation {op!r}")
     return REQUESTS[op].from_wire(wire)

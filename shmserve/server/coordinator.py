@@ -20,7 +20,7 @@ from .. import protocol as P
 from ..errors import ConfigError, ShmServeError, ShmSpaceError
 from ..logs import LogOptions, setup as setup_logging
 from ..protocol import LAYOUT as L
-from ..segments import Segment, pid_alive, socket_path
+from ..segments import Segment, socket_path
 from . import devices
 from .control import ControlPlane
 from .models import ModelControl, ModelTable, version_fingerprint
@@ -29,8 +29,8 @@ from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
 from .supervisor import Child, Supervisor, describe_exit
 from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
-from .segments import (ArenaLayout, ServerLayout, control_size, create_named, create_sealed,
-                       init_control, new_prefix, read_record, record_path, remove_segments,
+from .segments import (ArenaLayout, ServerLayout, control_size, create_sealed,
+                       init_control, read_record, record_path,
                        resolve_group, share_with_group, unreachable_by_group,
                        write_record)
 
@@ -135,7 +135,6 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.layout: ServerLayout | None = None
         self.leases: dict[int, dict] = {}
         self.dead_since: dict[int, float] = {}
-        self.prefix = new_prefix()
         self.sock_path = socket_path(opts.name)
         self.owns_name = False  # until claim_name: a refused start removes nothing
         self.connections: set[asyncio.StreamWriter] = set()
@@ -150,7 +149,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
 
     # -- 1. start: name check, repository, segments, children --------------------
     def claim_name(self) -> None:
-        """Refuses a second live server of the same name; cleans a dead one's leftovers."""
+        """Refuses a second live server of the same name; cleans a dead one's leftovers
+        (its socket and model files: its segments were memfds, gone with its processes)."""
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(str(self.sock_path))
@@ -163,11 +163,6 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 f"(pid {rec.get('pid', '?')}, socket {self.sock_path}); stop it or use --name")
         finally:
             s.close()
-        rec = read_record(self.opts.name)
-        if rec and not pid_alive(rec.get("pid", 0)):
-            removed = remove_segments(rec["prefix"])
-            if removed:
-                log.info("cleaned %d segments of a dead server (pid %s)", len(removed), rec["pid"])
         self.sock_path.unlink(missing_ok=True)
         self.owns_name = True
         shutil.rmtree(self.model_files_root, ignore_errors=True)  # a dead predecessor's
@@ -196,12 +191,13 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         while ring < max(o.max_clients * o.slots_per_client, 64):
             ring <<= 1
         self.ring_capacity = ring
-        # Records first, so that a crash from here on can be cleaned by the next start.
-        write_record(o.name, {"pid": os.getpid(), "prefix": self.prefix, "socket": str(self.sock_path)})
+        write_record(o.name, {"pid": os.getpid(), "socket": str(self.sock_path)})
         self.control = create_sealed("shmserve-control", control_size(ring),
                                      what="control segment (request ring)")
-        self.server = create_named(self.prefix + "-srv", self.layout.size,
-                                   what="server segment (--max-clients x --slots-per-client)")
+        # No name anyone could open or squat: the batcher and the workers inherit its
+        # descriptor (supervisor.spawn), restarted ones included.
+        self.server = create_sealed("shmserve-server", self.layout.size,
+                                    what="server segment (--max-clients x --slots-per-client)")
         init_control(self.control.ops, ring, os.getpid())
         if self.gid is not None:  # group clients must reach the socket
             share_with_group(self.sock_path.parent, self.gid, 0o710)
@@ -219,7 +215,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
     def boot_message(self, **extra) -> dict:
         lay = self.layout
         return {"control": f"/proc/{os.getpid()}/fd/{self.control.fd}",
-                "control_bytes": self.control.size, "server": self.server.name,
+                "control_bytes": self.control.size,
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
@@ -269,7 +265,6 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
             self.table_pipe = None
         for seg in (self.control, self.server):
             if seg is not None:
-                seg.unlink()
                 seg.close()
         if self.owns_name:
             self.sock_path.unlink(missing_ok=True)

@@ -28,7 +28,9 @@ class ServerMaps:
         self.layout = ServerLayout(boot["max_clients"], boot["slots_per_client"],
                                    boot["n_models"], boot["n_workers"])
         self.control = Segment.open_path(boot["control"], boot["control_bytes"])
-        self.server = Segment(boot["server"])
+        # Inherited from the coordinator (it has no name): mapped, then closed.
+        self.server = Segment.from_fd(boot["server_fd"], self.layout.size, "server segment")
+        os.close(boot["server_fd"])
         self.server.ops.check_header("server")
         self.ctl = self.control.ops
         self.srv = self.server.ops

@@ -8,18 +8,15 @@ import fcntl
 import functools
 import json
 import os
-import secrets
 from pathlib import Path
-
-import posix_ipc
 
 from .. import _core
 from ..errors import ShmSpaceError
 from ..protocol import LAYOUT, SLOT_BYTES
-from ..segments import SIZE_SEALS, Segment, runtime_dir, unlink_quietly
+from ..segments import SIZE_SEALS, Segment, runtime_dir
 
-SHM_DIR = Path("/dev/shm")
-PREFIX = "shmserve"
+SHM_DIR = Path("/dev/shm")  # where a server puts nothing of its own (system_shm.py maps users')
+PREFIX = "shmserve"  # memfd labels; /dev/shm keys of this prefix are refused (system_shm.py)
 
 
 def resolve_group(group: str) -> int:
@@ -58,35 +55,12 @@ def record_path(name: str) -> Path:
     return runtime_dir() / f"{name}.json"
 
 
-def new_prefix() -> str:
-    """Segment names carry an unguessable token so two servers never collide."""
-    return f"/{PREFIX}-{os.getuid()}-{secrets.token_hex(8)}"
-
-
-def shm_free_bytes() -> int:
-    st = os.statvfs(SHM_DIR)
-    return st.f_bavail * st.f_frsize
-
-
-def create_named(name: str, size: int, what: str, mode: int = 0o600) -> Segment:
-    """A new named POSIX segment (the server-private one), every page reserved."""
-    mem = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=mode)
-    try:
-        _reserve(mem.fd, size, what)
-    except BaseException:
-        os.close(mem.fd)
-        posix_ipc.unlink_shared_memory(name)
-        raise
-    os.close(mem.fd)
-    return Segment(name, size)
-
-
 def create_sealed(name: str, size: int, what: str) -> Segment:
     """A new anonymous segment (memfd) whose size is sealed: nobody, its clients
     included, can shrink or grow it (a shrunk segment makes every mapping's next
     access a SIGBUS). It has no name anyone could open; it travels as the file
-    descriptor `fd`, which stays open until close(). The control segment and the
-    arenas are made so."""
+    descriptor `fd`, which stays open until close(). Every segment of the server is
+    made so: the control segment, the server-private segment and the arenas."""
     avail = mem_available_bytes()
     if size > avail:
         raise ShmSpaceError(_no_space(what, size, avail))
@@ -103,7 +77,8 @@ def create_sealed(name: str, size: int, what: str) -> Segment:
 
 
 def mem_available_bytes() -> int:
-    """MemAvailable of /proc/meminfo: what a new arena (a memfd, outside /dev/shm) may take."""
+    """MemAvailable of /proc/meminfo: what a new segment (a memfd, outside /dev/shm and
+    its size limit) may take."""
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
@@ -111,11 +86,9 @@ def mem_available_bytes() -> int:
     return 1 << 62
 
 
-def _no_space(what: str, size: int, free: int, where: str = "memory") -> str:
-    hint = (f"enlarge it (docker run --shm-size=1g, or mount -o remount,size=1G {SHM_DIR}) "
-            if where == str(SHM_DIR) else "")
-    return (f"not enough space in {where} for the {what} ({size / 2**20:.1f} MiB needed, "
-            f"{free / 2**20:.1f} MiB free); {hint}or ask for less")
+def _no_space(what: str, size: int, free: int) -> str:
+    return (f"not enough space in memory for the {what} ({size / 2**20:.1f} MiB needed, "
+            f"{free / 2**20:.1f} MiB free); or ask for less")
 
 
 def _reserve(fd: int, size: int, what: str) -> None:
@@ -125,8 +98,6 @@ def _reserve(fd: int, size: int, what: str) -> None:
     except OSError as e:
         if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
             raise
-        if os.fstat(fd).st_dev == os.stat(SHM_DIR).st_dev:
-            raise ShmSpaceError(_no_space(what, size, shm_free_bytes(), str(SHM_DIR))) from None
         raise ShmSpaceError(_no_space(what, size, mem_available_bytes())) from None
 
 
@@ -243,12 +214,3 @@ def read_record(name: str) -> dict | None:
     except (OSError, ValueError):
         return None
 
-
-def remove_segments(prefix: str) -> list[str]:
-    """Unlinks every segment whose name starts with `prefix` (a dead server's)."""
-    removed = []
-    base = prefix.lstrip("/")
-    for entry in SHM_DIR.glob(base + "-*"):
-        unlink_quietly("/" + entry.name)
-        removed.append(entry.name)
-    return removed
