@@ -25,6 +25,7 @@ undisturbed run, its requests done, and any that failed. Issue 14's bar: p99 wit
 
     python bench/isolation.py                       # about 2 minutes
     python bench/isolation.py --seconds 3 --only forged-claim flood-64
+    python bench/isolation.py --only flood-64 --max-queued-per-client 8   # the server's limit
 """
 from __future__ import annotations
 
@@ -146,13 +147,16 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="each phase")
     ap.add_argument("--only", nargs="*", choices=ATTACKS)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--max-queued-per-client", type=int, default=0,
+                    help="the server's limit (default 0: none; fair share only)")
     args = ap.parse_args()
     attacks = args.only or ATTACKS
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="shmserve-isolation-") as tmp:
         repo = Path(tmp) / "repo"
         shutil.copytree(ROOT / "model_repository" / "identity", repo / "identity")
-        server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
+        server = ServerProcess(repo, log_path=Path(tmp) / "server.log",
+                               args=["--max-queued-per-client", str(args.max_queued_per_client)])
         rows = []
         try:
             server.start()
@@ -188,7 +192,7 @@ def main() -> int:
                 print("teardown: " + "; ".join(problems), file=sys.stderr)
     load = open("/proc/loadavg").read().split()[0]
     print(f"\npolite caller: identity 4 KiB closed loop, {args.seconds:g} s a phase, "
-          f"load average {load}\n")
+          f"load average {load}, --max-queued-per-client {args.max_queued_per_client}\n")
     print("| attack | undisturbed p50 / p99 us | attacked p50 / p99 us | p99 ratio | "
           "requests | failed |")
     print("|---|---|---|---|---|---|")
@@ -200,7 +204,9 @@ def main() -> int:
         if r["attacked"]["failed"]:
             print(f"{r['attack']}: first failure: {r['attacked']['failed'][0]}")
     if args.json:
-        args.json.write_text(json.dumps({"load": load, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"load": load, "rows": rows,
+                                         "max_queued_per_client": args.max_queued_per_client},
+                                        indent=1))
     return 0
 
 
