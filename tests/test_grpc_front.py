@@ -24,7 +24,8 @@ import pytest
 import helpers
 from helpers import poll_until, python_config, write_model
 from shmserve_bench.harness import unique_name
-from test_http_front import listening, sample, setup_models
+from test_http_front import CLASSES_IN, CLASSES_TOP2, FLAT_IN, FLAT_TOP4, listening, sample, \
+    setup_models, texts
 from test_metrics import free_port
 
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed")
@@ -302,14 +303,47 @@ def test_errors_have_triton_codes(front):
          "has no output 'NOPE'"),
         (("simple", inputs), {"sequence_id": 5}, "INVALID_ARGUMENT",
          "model 'simple' has no sequence_batching"),
-        (("simple", inputs), {"outputs": [tg.InferRequestedOutput("OUTPUT0", class_count=2)]},
-         "UNIMPLEMENTED", "classification extension"),
+        (("id_BYTES", [_bytes_input()]),
+         {"outputs": [tg.InferRequestedOutput("OUTPUT0", class_count=2)]},
+         "INVALID_ARGUMENT", "class result not available for output due to unsupported type"),
     ]
     for args, kw, code, words in cases:
         e = rpc_error(client.infer, *args, **kw)
         assert e.status() == f"StatusCode.{code}", (words, e)
         assert words in e.message(), (words, e.message())
     np.testing.assert_array_equal(client.infer("simple", inputs).as_numpy("OUTPUT0"), a + b)
+
+
+def _bytes_input():
+    inp = tg.InferInput("INPUT0", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"x"]], dtype=object))
+    return inp
+
+
+def test_classification(front, stub):
+    """Triton's classification extension over gRPC (test_http_front's models)."""
+    _, client, _ = front
+    inp = tg.InferInput("INPUT0", [2, 4], "FP32")
+    inp.set_data_from_numpy(CLASSES_IN)
+    out = client.infer("classes", [inp], outputs=[tg.InferRequestedOutput("OUTPUT0",
+                                                                          class_count=2)])
+    assert out.get_output("OUTPUT0").datatype == "BYTES"
+    assert list(out.get_output("OUTPUT0").shape) == [2, 2]
+    assert texts(out.as_numpy("OUTPUT0")) == CLASSES_TOP2
+    inp = tg.InferInput("INPUT0", [2, 3], "INT32")
+    inp.set_data_from_numpy(FLAT_IN)
+    out = client.infer("classes_flat", [inp], outputs=[tg.InferRequestedOutput("OUTPUT0",
+                                                                               class_count=4)])
+    assert texts(out.as_numpy("OUTPUT0")) == FLAT_TOP4
+    # A bad count, as tritonclient never sends it: INVALID_ARGUMENT naming the parameter.
+    request = pb.ModelInferRequest(model_name="classes_flat")
+    request.inputs.add(name="INPUT0", datatype="INT32", shape=[2, 3])
+    request.raw_input_contents.append(FLAT_IN.tobytes())
+    request.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = -1
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(request)
+    assert e.value.code() == Code.INVALID_ARGUMENT
+    assert "'classification' must be a positive integer" in e.value.details()
 
 
 def test_hostile_requests(front, stub):

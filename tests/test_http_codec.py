@@ -27,6 +27,7 @@ def decode(body: bytes, header_len: int | None) -> dict:
         filler.feed(body[header_len:])
     filler.close()
     codec.wanted_outputs(header)
+    codec.class_counts((o["name"], o.get("parameters") or {}) for o in header.get("outputs") or [])
     return {t.name: t.finish() for t in inputs}
 
 
@@ -125,3 +126,22 @@ def test_declared_sizes_must_fit_the_body():
         codec.plan_inputs(header, np.empty, binary_bytes=5)
     with pytest.raises(codec.BadRequest, match="more than"):
         codec.plan_inputs(header, np.empty, max_binary=1 << 20)
+
+
+def test_classification_top_k():
+    """classification.classify: Triton's "value:index[:label]" strings, per batch item,
+    largest first, equal values by index, k cut to what a row holds."""
+    from shmserve.front.classification import classify
+
+    x = np.array([[1, 3, 3, 0], [7, 0, 0, 8]], dtype=np.uint8)
+    out = classify(x, "UINT8", 3, True, ["a", "b"], "y")
+    assert out.shape == (2, 3)
+    assert out.tolist() == [[b"3:1:b", b"3:2", b"1:0:a"], [b"8:3", b"7:0:a", b"0:1:b"]]
+    half = np.array([0.5, -1.0, 2.0], dtype=np.float16)
+    assert classify(half, "FP16", 9, False, [], "y").tolist() == [
+        b"2.000000:2", b"0.500000:0", b"-1.000000:1"]
+    with pytest.raises(codec.BadRequest, match="output 'y'.*unsupported type 'BOOL'"):
+        classify(np.array([True]), "BOOL", 1, False, [], "y")
+    for bad in (0, -2, True, 1.5, "3"):
+        with pytest.raises(codec.BadRequest, match="'classification' must be a positive"):
+            codec.class_counts([("y", {"classification": bad})])

@@ -32,6 +32,34 @@ def setup_models(repo) -> None:
     for dt in DTYPES:
         write_model(repo, f"id_{dt}", python_config(f"id_{dt}", dt, (-1,), max_batch_size=8),
                     helpers.IDENTITY_CODE)
+    write_classification_models(repo)
+
+
+# The classification extension's models: "classes" batched FP32 [4] whose output names
+# a labels file, "classes_flat" INT32 [2, 3] without batching or labels.
+LABELS = ["cat", "dog", "bird", "fish"]
+CLASSES_IN = np.array([[0.1, 0.7, 0.05, 0.15], [0.3, 0.2, 0.4, 0.1]], dtype=np.float32)
+CLASSES_TOP2 = [["0.700000:1:dog", "0.150000:3:fish"], ["0.400000:2:bird", "0.300000:0:cat"]]
+FLAT_IN = np.array([[5, -1, 9], [9, 0, 2]], dtype=np.int32)
+FLAT_TOP4 = ["9:2", "9:3", "5:0", "2:5"]  # equal values by index; no labels
+
+
+def write_classification_models(repo) -> None:
+    d = write_model(repo, "classes", (
+        'name: "classes"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] '
+        'label_filename: "labels.txt" } ]\n'), helpers.IDENTITY_CODE)
+    (d / "labels.txt").write_text("\n".join(LABELS) + "\n")
+    write_model(repo, "classes_flat", python_config("classes_flat", "INT32", (2, 3),
+                                                    max_batch_size=0, dynamic_batching=None),
+                helpers.IDENTITY_CODE)
+
+
+def texts(arr) -> list:
+    """A BYTES output as (nested) lists of str, however the client decoded it."""
+    return np.vectorize(lambda x: x.decode() if isinstance(x, bytes) else x,
+                        otypes=[object])(arr).tolist()
 
 
 def fronts_of(server) -> list[int]:
@@ -240,8 +268,8 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
                                  "parameters": {"shared_memory_region": "r"}}]}).encode(), {},
          "shared_memory_region"),
         (json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]}],
-                     "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}]}
-                    ).encode(), {}, "classification extension"),
+                     "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 0}}]}
+                    ).encode(), {}, "'classification' must be a positive integer"),
     ]
     for body, headers, words in cases:
         status, reply = raw(port, "POST", infer, body, headers)
@@ -265,6 +293,39 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
     status, reply = raw(port, "POST", infer, gzip.compress(body), {"Content-Encoding": "gzip"})
     assert status == 200 and reply["outputs"][0]["data"] == [1.5, 2.5]
     assert client.is_server_ready()
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_classification(front, binary):
+    """Triton's classification extension: top-k "value:index[:label]" BYTES, per batch
+    item for a batched model, over the whole tensor without batching."""
+    _, client, _ = front
+    inp = th.InferInput("INPUT0", [2, 4], "FP32")
+    inp.set_data_from_numpy(CLASSES_IN, binary_data=binary)
+    out = client.infer("classes", [inp], outputs=[
+        th.InferRequestedOutput("OUTPUT0", binary_data=binary, class_count=2)])
+    assert out.get_output("OUTPUT0")["datatype"] == "BYTES"
+    assert out.get_output("OUTPUT0")["shape"] == [2, 2]
+    assert texts(out.as_numpy("OUTPUT0")) == CLASSES_TOP2
+    inp = th.InferInput("INPUT0", [2, 3], "INT32")
+    inp.set_data_from_numpy(FLAT_IN, binary_data=binary)
+    for k, expected in ((4, FLAT_TOP4), (10, FLAT_TOP4 + ["0:4", "-1:1"])):
+        out = client.infer("classes_flat", [inp], outputs=[
+            th.InferRequestedOutput("OUTPUT0", binary_data=binary, class_count=k)])
+        assert out.get_output("OUTPUT0")["shape"] == [len(expected)]
+        assert texts(out.as_numpy("OUTPUT0")) == expected
+    # Without class_count the output is the tensor itself.
+    out = client.infer("classes_flat", [inp], outputs=[th.InferRequestedOutput("OUTPUT0")])
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), FLAT_IN)
+    # A non-numeric output has no classes: 400, naming the output and its type.
+    inp = th.InferInput("INPUT0", [1, 1], "BYTES")
+    inp.set_data_from_numpy(np.array([[b"x"]], dtype=object))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("id_BYTES", [inp], outputs=[th.InferRequestedOutput("OUTPUT0",
+                                                                        class_count=1)])
+    assert "output 'OUTPUT0'" in e.value.message() and "unsupported type 'BYTES'" in \
+        e.value.message()
+    assert e.value.status() == "400"
 
 
 def test_statistics(front):

@@ -215,7 +215,7 @@ def test_parameters_without_effect_here_are_warned_about(tmp_path, caplog):
 
 
 def test_input_count_that_differs_from_forward_is_named(tmp_path):
-    with pytest.raises(ConfigError, match="the config has 1 input\\(s\\), the model's forward\\(\\) "
+    with pytest.raises(ConfigError, match="the config has 1 input\\(s\\) \\(x\\), the model's forward\\(\\) "
                                           "takes 2 \\(x, y\\)"):
         backend(torch_model(tmp_path, "m", AddMul(), [tensor("x", [3])], [tensor("o", [3])]))
 

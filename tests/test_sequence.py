@@ -689,3 +689,70 @@ def test_fields_without_effect_are_warned_about_by_name(tmp_path, caplog):
     for what in ("oldest preserve_ordering", "state 'SI' use_same_buffer_for_input_output",
                  "state 'SI' use_growable_memory"):
         assert f"{what} is not implemented by shmserve yet and is ignored" in caplog.text
+
+
+def _onnx_accumulator(path: Path) -> None:
+    """OUTPUT0 = STATE_OUT = STATE_IN + INPUT0, int64 [-1, 1]."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    io = lambda n: helper.make_tensor_value_info(n, TensorProto.INT64, ["b", 1])  # noqa: E731
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["STATE_IN", "INPUT0"], ["OUTPUT0"]),
+         helper.make_node("Identity", ["OUTPUT0"], ["STATE_OUT"])],
+        "acc", [io("INPUT0"), io("STATE_IN")], [io("OUTPUT0"), io("STATE_OUT")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def _torch_accumulator(path: Path) -> None:
+    torch = pytest.importorskip(
+        "torch", reason="torch is not installed (pip install 'shmserve[torch]', torch==2.13.0)")
+
+    class Acc(torch.nn.Module):
+        def forward(self, INPUT0, STATE_IN):  # noqa: N803 (named as the config's inputs)
+            s = STATE_IN + INPUT0
+            return s, s
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.script(Acc()).save(str(path))
+
+
+@pytest.mark.parametrize("platform", ["onnxruntime_onnx", "pytorch_libtorch"])
+def test_framework_models_keep_implicit_state(server_factory, platform):
+    """Implicit state is not a python-model feature: an ONNX graph and a TorchScript
+    module that read STATE_IN and write STATE_OUT keep a running sum per sequence,
+    interleaved sequences batched together (oldest), each from the initial state."""
+    outputs = "OUTPUT0" if platform == "onnxruntime_onnx" else "OUTPUT__0"
+
+    def setup(repo):
+        model_dir = repo / "acc"
+        (model_dir / "1").mkdir(parents=True)
+        if platform == "onnxruntime_onnx":
+            _onnx_accumulator(model_dir / "1" / "model.onnx")
+        else:
+            _torch_accumulator(model_dir / "1" / "model.pt")
+        state = STATE.replace("STATE_OUT", "OUTPUT__1" if platform != "onnxruntime_onnx"
+                              else "STATE_OUT")
+        (model_dir / "config.pbtxt").write_text("\n".join([
+            'name: "acc"', f'platform: "{platform}"', "max_batch_size: 4",
+            'input [ { name: "INPUT0" data_type: TYPE_INT64 dims: [1] } ]',
+            f'output [ {{ name: "{outputs}" data_type: TYPE_INT64 dims: [1] }} ]',
+            "sequence_batching { oldest { max_candidate_sequences: 8 "
+            "max_queue_delay_microseconds: 20000 preferred_batch_size: [ 3 ] }" + state + " }"]))
+
+    c = server_factory(models=(), setup=setup).client()
+    ids = (11, 12, 13)
+    sums = dict.fromkeys(ids, 0)
+    for step in range(4):
+        futures = {cid: c.submit("acc", x(value(cid, step)), sequence_id=cid,
+                                 sequence_start=step == 0, sequence_end=step == 3)
+                   for cid in ids}
+        for cid, f in futures.items():
+            sums[cid] += value(cid, step)
+            assert int(f.result(timeout=60)[outputs][0, 0]) == sums[cid], (platform, cid, step)
+    # a new sequence on a used id starts from the initial state again
+    assert int(c.infer("acc", x(5), sequence_id=11, sequence_start=True,
+                       sequence_end=True)[outputs][0, 0]) == 5

@@ -152,15 +152,16 @@ class Backend:
             if t.name not in model_inputs:
                 raise ConfigError(f"{spec.path}: config input '{t.name}' is not an input of the "
                                   f"ONNX graph (graph inputs: {sorted(model_inputs)})")
-        for _, target, _, _ in spec.batch_inputs:
-            if target not in model_inputs:
-                raise ConfigError(f"{spec.path}: batch_input target '{target}' is not an input "
-                                  f"of the ONNX graph (graph inputs: {sorted(model_inputs)})")
-        for t in spec.outputs:
-            if t.name not in model_outputs:
-                raise ConfigError(f"{spec.path}: config output '{t.name}' is not an output of the "
+        for name in spec.extra_inputs():  # control, state and batch_input tensors
+            if name not in model_inputs:
+                raise ConfigError(f"{spec.path}: '{name}' (a sequence control, state or "
+                                  "batch_input of the config) is not an input of the ONNX graph "
+                                  f"(graph inputs: {sorted(model_inputs)})")
+        self.output_names = [t.name for t in spec.outputs] + spec.extra_outputs()
+        for name in self.output_names:
+            if name not in model_outputs:
+                raise ConfigError(f"{spec.path}: config output '{name}' is not an output of the "
                                   f"ONNX graph (graph outputs: {sorted(model_outputs)})")
-        self.output_names = [t.name for t in spec.outputs]
 
     def execute(self, inputs):
         results = self.session.run(self.output_names, inputs, self.run_options)

@@ -155,12 +155,15 @@ class Backend:
         return list(program.graph_signature.user_inputs), False
 
     def _input_index(self, args: list[str], where: str) -> dict[str, int]:
-        names = [t.name for t in self.spec.inputs]
+        names = [t.name for t in self.spec.inputs] + self.spec.extra_inputs()
         if self.dict_input:
             return {n: i for i, n in enumerate(names)}
         if len(args) != len(names):
-            raise ConfigError(f"{where}: the config has {len(names)} input(s), the model's "
-                              f"forward() takes {len(args)} ({', '.join(args)})")
+            extra = (" with its sequence control, state and batch_input tensors"
+                     if self.spec.extra_inputs() else "")
+            raise ConfigError(f"{where}: the config has {len(names)} input(s){extra} "
+                              f"({', '.join(names)}), the model's forward() takes "
+                              f"{len(args)} ({', '.join(args)})")
         if all(n in args for n in names):  # Triton's FORWARD_ARGUMENT convention
             return {n: args.index(n) for n in names}
         indexes = [_named_index(n) for n in names]
@@ -176,7 +179,7 @@ class Backend:
         return {n: i for i, n in enumerate(names)}
 
     def _output_index(self) -> dict[str, int]:
-        names = [t.name for t in self.spec.outputs]
+        names = [t.name for t in self.spec.outputs] + self.spec.extra_outputs()
         indexes = [_named_index(n) for n in names]
         if all(i is not None for i in indexes):
             return dict(zip(names, indexes))
@@ -202,7 +205,7 @@ class Backend:
 
     def _outputs(self, result) -> dict:
         if isinstance(result, dict):
-            missing = [t.name for t in self.spec.outputs if t.name not in result]
+            missing = [n for n in self.output_index if n not in result]
             if missing:
                 raise ValueError(f"forward() returned a dict without {', '.join(missing)} "
                                  f"(keys: {', '.join(map(str, result))})")

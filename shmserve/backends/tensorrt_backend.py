@@ -89,6 +89,9 @@ class Backend:
 
     def _check_io(self, where: str) -> None:
         trt, engine = self.trt, self.engine
+        if self.spec.extra_outputs():
+            raise ConfigError(f"{where}: sequence_batching state with a TensorRT plan is not "
+                              "implemented by shmserve yet (its state outputs are not fetched)")
         io = {engine.get_tensor_name(i) for i in range(engine.num_io_tensors)}
         batched = self.spec.max_batch_size > 0
         for kind, tensors, mode in (("input", self.spec.inputs, trt.TensorIOMode.INPUT),

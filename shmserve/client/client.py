@@ -65,6 +65,11 @@ class Client:
         """config.pbtxt as the server parsed it (protobuf text format)."""
         return self.engine.call(P.GetConfig(model, version_key(version))).config
 
+    def labels(self, model: str, version: int | None = None) -> P.LabelsReply:
+        """The labels of the model version's outputs that name a label_filename, and
+        the version's handle (which a reload changes)."""
+        return self.engine.call(P.GetLabels(model, version_key(version)))
+
     def statistics(self, model: str | None = None, version: int | None = None,
                    histograms: bool = False) -> list[dict]:
         """Triton's statistics extension, one model_stat per model version (all, every

@@ -34,10 +34,8 @@ REQUEST_PARAMETERS = {"binary_data_output", "priority", "timeout", "sequence_id"
                       "sequence_start", "sequence_end"}
 SHM_PARAMETERS = {"shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"}
 INPUT_PARAMETERS = {"binary_data_size"} | SHM_PARAMETERS
-OUTPUT_PARAMETERS = {"binary_data"} | SHM_PARAMETERS
-NOT_YET = {  # parameter -> the extension it belongs to
-    "classification": "classification extension",
-}
+CLASSIFICATION = "classification"  # the classification extension's (classification.py)
+OUTPUT_PARAMETERS = {"binary_data", CLASSIFICATION} | SHM_PARAMETERS
 
 
 def request_options(header: dict) -> dict:
@@ -85,11 +83,8 @@ def check_parameters(params, allowed: set, where: str, front: str = "HTTP",
     if not isinstance(params, dict):
         raise BadRequest(f"{where}: 'parameters' must be a JSON object")
     for key in params:
-        if key in allowed or (custom and key not in NOT_YET):
+        if key in allowed or custom:
             continue
-        if key in NOT_YET:
-            raise Unsupported(f"{where}: parameter '{key}' ({NOT_YET[key]}) is not supported "
-                              f"by shmserve's {front} front yet")
         raise Unsupported(f"{where}: parameter '{key}' is not supported by shmserve's {front} front")
     return params
 
@@ -336,6 +331,20 @@ def shm_outputs(header: dict) -> dict[str, tuple[str, int, int]]:
             raise BadRequest("Output can't set both 'shared_memory_region' and 'binary_data'")
         targets[spec["name"]] = target
     return targets
+
+
+def class_counts(outputs, where_of=lambda name: f"output '{name}'") -> dict[str, int]:
+    """{name: k} of the outputs asked for with the classification extension's
+    parameter; outputs: [(name, parameters)] (checked by check_parameters)."""
+    counts = {}
+    for name, params in outputs:
+        if CLASSIFICATION in params:
+            k = params[CLASSIFICATION]
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise BadRequest(f"{where_of(name)}: parameter 'classification' must be a "
+                                 f"positive integer (the number of classes), got {k!r}")
+            counts[name] = k
+    return counts
 
 
 def wanted_outputs(header: dict) -> tuple[list[str] | None, dict]:

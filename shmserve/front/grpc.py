@@ -28,7 +28,7 @@ from .. import __version__, errors
 from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
-from . import codec
+from . import classification, codec
 from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
     parse_version, server_ready
 from .shm import SystemSharedMemory
@@ -174,7 +174,8 @@ def shm_regions(tensors, kind: str) -> dict:
     for t in tensors:
         where = f"{kind} '{t.name}'"
         params = _parameters(t.parameters)
-        codec.check_parameters(params, codec.SHM_PARAMETERS, where, "gRPC")
+        allowed = codec.SHM_PARAMETERS | ({codec.CLASSIFICATION} if kind == "output" else set())
+        codec.check_parameters(params, allowed, where, "gRPC")
         spec = codec.shm_parameters(params, where, t.name)
         if spec is not None:
             out[t.name] = spec
@@ -238,6 +239,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self.trace = trace
         self.log_options = log_options
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
+        self.labels = classification.Labels()
 
     async def control(self, fn, *args, timeout: float = CONTROL_TIMEOUT_S):
         """A control-plane call of the engine, in a thread, bounded in time."""
@@ -372,6 +374,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         options = codec.request_options({"parameters": params})
         in_shm = shm_regions(request.inputs, "input")
         out_shm = shm_regions(request.outputs, "output")
+        counts = codec.class_counts((o.name, _parameters(o.parameters)) for o in request.outputs)
         targets = {}
         if in_shm or out_shm:
             if self.shm.needs_refresh():
@@ -391,13 +394,18 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             except errors.ModelNotFoundError:
                 raise GrpcError(grpc.StatusCode.NOT_FOUND,
                                 not_found_message(model, version)) from None
+        outputs = result  # as answered: classified outputs are their classes
         try:
-            datatypes = {t["name"]: t["datatype"] for t in
-                         self.client.engine.plan(model, version).meta["outputs"]}
+            meta = self.client.engine.plan(model, version).meta
+            datatypes = {t["name"]: t["datatype"] for t in meta["outputs"]}
+            if counts:
+                outputs = await classification.classified(
+                    result, counts, meta, datatypes,
+                    self.labels.of(meta, self.control, self.client))
             written = {name: (out_shm[name][0],
-                              self.shm.write_output(target, name, result[name], datatypes[name]))
-                       for name, target in targets.items() if name in result}
-            return encode_response(result, datatypes, request.id, written)
+                              self.shm.write_output(target, name, outputs[name], datatypes[name]))
+                       for name, target in targets.items() if name in outputs}
+            return encode_response(outputs, datatypes, request.id, written)
         finally:
             result.release()  # the arena's block is free as soon as the bytes are copied
 

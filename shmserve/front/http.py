@@ -26,7 +26,7 @@ from .. import __version__, errors
 from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
-from . import codec
+from . import classification, codec
 from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
     parse_version, server_ready
 
@@ -68,6 +68,7 @@ class Front:
         # process ask for more than its lease holds, so the loop is never blocked.
         self.in_flight = asyncio.Semaphore(max_in_flight)
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
+        self.labels = classification.Labels()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -292,6 +293,8 @@ class Front:
             filler.feed(chunk)
         filler.close()
         names, binary = codec.wanted_outputs(header)
+        counts = codec.class_counts((o["name"], o.get("parameters") or {})
+                                    for o in header.get("outputs") or [])
         options = codec.request_options(header)
         shm_out = codec.shm_outputs(header)
         shm_in = [t for t in inputs if t.shm is not None]
@@ -310,8 +313,11 @@ class Front:
                 result = await self.client.infer_async(model, arrays, names, version, **options)
             except errors.ModelNotFoundError:
                 raise HttpError(404, not_found_message(model, version)) from None
-        datatypes = {t["name"]: t["datatype"] for t in
-                     self.client.engine.plan(model, version).meta["outputs"]}
+        meta = self.client.engine.plan(model, version).meta
+        datatypes = {t["name"]: t["datatype"] for t in meta["outputs"]}
+        if counts:
+            result = await classification.classified(
+                result, counts, meta, datatypes, self.labels.of(meta, self.control, self.client))
         in_shm = {name: (shm_out[name][0],
                          self.shm.write_output(target, name, result[name], datatypes[name]))
                   for name, target in targets.items() if name in result}

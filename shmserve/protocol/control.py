@@ -100,6 +100,15 @@ class GetConfig(Message):
 
 
 @dataclasses.dataclass
+class GetLabels(Message):
+    """The labels of a model version's outputs that name a label_filename (Triton's
+    classification extension: the fronts add them to the top-k classes)."""
+    OP: ClassVar[str] = "labels"
+    model: str
+    version: int | None = None
+
+
+@dataclasses.dataclass
 class GetStats(Message):
     """Triton's statistics extension: every model, every version of `model`, or one."""
     OP: ClassVar[str] = "stats"
@@ -173,7 +182,7 @@ class ShmUnregister(Message):
 REQUESTS: dict[str, type[Message]] = {c.OP: c for c in (Hello, ListModels, GetMetadata,
                                                          GetConfig, GetStats, GetStatus)}
 REQUESTS.update({c.OP: c for c in (ShmRegister, ShmStatus, ShmUnregister)})
-REQUESTS.update({c.OP: c for c in (LoadModel, UnloadModel, RepositoryIndex)})
+REQUESTS.update({c.OP: c for c in (LoadModel, UnloadModel, RepositoryIndex, GetLabels)})
 OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS, OP_STATUS = (
     Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP, GetStatus.OP)
 
@@ -219,6 +228,12 @@ class ModelList(Message):
 @dataclasses.dataclass
 class ModelConfig(Message):
     config: str  # config.pbtxt as parsed (protobuf text format)
+
+
+@dataclasses.dataclass
+class LabelsReply(Message):
+    id: int  # the model version's handle (ModelMetadata.id): a reload gives a new one
+    labels: dict  # {output name: [label, ...]}, only outputs with a label_filename
 
 
 @dataclasses.dataclass
@@ -271,7 +286,7 @@ REPLIES: dict[type[Message], type[Message]] = {
     Hello: HelloReply, ListModels: ModelList, GetMetadata: ModelMetadata,
     GetConfig: ModelConfig, GetStats: StatsReply, GetStatus: StatusReply,
     ShmRegister: ShmRegions, ShmStatus: ShmRegions, ShmUnregister: ShmRegions,
-    LoadModel: Done, UnloadModel: Done, RepositoryIndex: IndexReply}
+    LoadModel: Done, UnloadModel: Done, RepositoryIndex: IndexReply, GetLabels: LabelsReply}
 
 
 class UnknownOperation(ValueError):

@@ -238,6 +238,11 @@ class ControlPlane:
             return self.metadata(self.find_model(msg.model, msg.version))
         if isinstance(msg, P.GetConfig):
             return P.ModelConfig(self.find_model(msg.model, msg.version).spec.config_text)
+        if isinstance(msg, P.GetLabels):
+            entry = self.find_model(msg.model, msg.version)
+            spec = entry.spec
+            return P.LabelsReply(entry.handle, {t.name: spec.labels(t.name) for t in spec.outputs
+                                                if t.label_filename})
         if isinstance(msg, P.RepositoryIndex):
             return P.IndexReply(self.table.index(Path(self.opts.model_repository), msg.ready))
         if isinstance(msg, P.GetStats):

@@ -112,6 +112,22 @@ class ModelSpec:
     def device(self, instance: int) -> int:
         return self.devices[instance] if self.devices else devices.CPU
 
+    def extra_inputs(self) -> list[str]:
+        """Tensors the server adds to the model's inputs beyond the config's `input`:
+        sequence control inputs, correlation id, implicit state inputs, batch_input
+        targets. A framework model has them as inputs of its graph, as in Triton."""
+        names = [target for _, target, _, _ in self.batch_inputs]
+        if self.sequence:
+            names += [c[1] for c in self.sequence["controls"]]
+            names += [self.sequence["corrid"][0]] if self.sequence["corrid"] else []
+            names += [st[0] for st in self.sequence["states"]]
+        return names
+
+    def extra_outputs(self) -> list[str]:
+        """Outputs the server takes from the model beyond the config's `output`: the
+        implicit state outputs of a sequence model."""
+        return [st[1] for st in self.sequence["states"]] if self.sequence else []
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
