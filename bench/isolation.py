@@ -23,8 +23,15 @@ Reported per attack: the polite caller's p50 and p99 and their ratio to the
 undisturbed run, its requests done, and any that failed. Issue 14's bar: p99 within
 2x of undisturbed, nothing failed. Nothing is asserted.
 
+--model paced serves, instead of identity, a python model that sleeps --pace-ms per
+batch of at most 4 rows: its queue, not the CPU, is what a flood fills, so the
+flood-64 row shows what the queue's order (fair share between callers) does, apart
+from the machine's load.
+
     python bench/isolation.py                       # about 2 minutes
     python bench/isolation.py --seconds 3 --only forged-claim flood-64
+    python bench/isolation.py --only flood-64 --max-queued-per-client 8   # the server's limit
+    python bench/isolation.py --only flood-64 --model paced
 """
 from __future__ import annotations
 
@@ -49,6 +56,27 @@ from shmserve_bench.harness import ServerProcess  # noqa: E402
 from shmserve_bench.hostile import RawLease  # noqa: E402
 from shmserve.protocol import LAYOUT as L  # noqa: E402
 
+# A model whose time is a sleep per batch (--model paced): the queue is the bottleneck.
+PACED_CONFIG = """name: "paced"
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { }
+parameters { key: "pace_ms" value { string_value: "%g" } }
+"""
+PACED_CODE = """import json, time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"])["parameters"]
+        self.pace = float(params["pace_ms"]["string_value"]) / 1000
+
+    def execute(self, inputs):
+        time.sleep(self.pace)
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+
 ATTACKS = ["forged-claim", "own-claim", "sleeping-zeroed", "doorbell-loop", "garbage-cells",
            "enqueue-jump", "flood-64"]
 
@@ -61,7 +89,7 @@ def _claim_head(raw: RawLease, owner: int) -> None:
     raw.ctl.store64(L["control.enqueue_pos"], pos + 1)
 
 
-def _flood(socket_path: str, name: str, stop) -> None:
+def _flood(socket_path: str, name: str, model: str, stop) -> None:
     import shmserve
 
     x = np.ones((1, 1024), np.float32)
@@ -69,7 +97,7 @@ def _flood(socket_path: str, name: str, stop) -> None:
     def loop(client):
         while not stop.is_set():
             try:
-                client.infer("identity", [x]).release()
+                client.infer(model, [x]).release()
             except Exception:  # its own requests may fail (BUSY): it goes on
                 time.sleep(0.001)
 
@@ -84,11 +112,12 @@ def _flood(socket_path: str, name: str, stop) -> None:
         t.join(5)
 
 
-def attacker(attack: str, socket_path: str, name: str, victim_id: int, ready, stop) -> None:
+def attacker(attack: str, socket_path: str, name: str, model: str, victim_id: int, ready,
+             stop) -> None:
     """Runs one attack until stop is set (a spawned process: its own GIL and lease)."""
     if attack == "flood-64":
         ready.set()
-        _flood(socket_path, name, stop)
+        _flood(socket_path, name, model, stop)
         return
     raw = RawLease(Path(socket_path))
     rng = np.random.default_rng(7)
@@ -119,14 +148,14 @@ def attacker(attack: str, socket_path: str, name: str, victim_id: int, ready, st
         raw.close()
 
 
-def polite_phase(client, seconds: float) -> dict:
+def polite_phase(client, model: str, seconds: float) -> dict:
     x = np.arange(1024, dtype=np.float32).reshape(1, 1024)
     lat, failed = [], []
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter_ns()
         try:
-            r = client.infer("identity", [x], timeout=10)
+            r = client.infer(model, [x], timeout=10)
             ok = np.array_equal(r["OUTPUT0"], x)
             r.release()
             if not ok:
@@ -146,29 +175,41 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="each phase")
     ap.add_argument("--only", nargs="*", choices=ATTACKS)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--max-queued-per-client", type=int, default=0,
+                    help="the server's limit (default 0: none; fair share only)")
+    ap.add_argument("--model", choices=["identity", "paced"], default="identity")
+    ap.add_argument("--pace-ms", type=float, default=2.0, help="--model paced: sleep per batch")
     args = ap.parse_args()
     attacks = args.only or ATTACKS
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="shmserve-isolation-") as tmp:
         repo = Path(tmp) / "repo"
-        shutil.copytree(ROOT / "model_repository" / "identity", repo / "identity")
-        server = ServerProcess(repo, log_path=Path(tmp) / "server.log")
+        if args.model == "paced":
+            (repo / "paced" / "1").mkdir(parents=True)
+            (repo / "paced" / "config.pbtxt").write_text(PACED_CONFIG % args.pace_ms)
+            (repo / "paced" / "1" / "model.py").write_text(PACED_CODE)
+        else:
+            shutil.copytree(ROOT / "model_repository" / "identity", repo / "identity")
+        limit = args.max_queued_per_client
+        server = ServerProcess(repo, log_path=Path(tmp) / "server.log",
+                               args=["--max-queued-per-client", str(limit)] if limit else [])
         rows = []
         try:
             server.start()
             polite = server.client(arena_bytes=1 << 20)
             victim_id = polite.engine.client_id
-            polite_phase(polite, 1.0)  # warm
-            before = polite_phase(polite, args.seconds)
+            polite_phase(polite, args.model, 1.0)  # warm
+            before = polite_phase(polite, args.model, args.seconds)
             for attack in attacks:
                 print(f"# {attack} ...", file=sys.stderr, flush=True)
                 ready, stop = ctx.Event(), ctx.Event()
                 proc = ctx.Process(target=attacker, args=(attack, str(server.socket_path),
-                                                          server.name, victim_id, ready, stop))
+                                                          server.name, args.model, victim_id,
+                                                          ready, stop))
                 proc.start()
                 try:
                     ready.wait(30)
-                    hit = polite_phase(polite, args.seconds)
+                    hit = polite_phase(polite, args.model, args.seconds)
                 finally:
                     stop.set()
                     proc.join(20)
@@ -176,7 +217,7 @@ def main() -> int:
                         proc.kill()
                         proc.join()
                 time.sleep(1.2)  # the batcher's sweep and suspicion windows pass
-                after = polite_phase(polite, args.seconds)
+                after = polite_phase(polite, args.model, args.seconds)
                 base = {k: (before[k] + after[k]) / 2 for k in ("p50", "p99")}
                 rows.append({"attack": attack, "undisturbed": base, "attacked": hit,
                              "p50_ratio": hit["p50"] / base["p50"],
@@ -187,8 +228,9 @@ def main() -> int:
             if problems:
                 print("teardown: " + "; ".join(problems), file=sys.stderr)
     load = open("/proc/loadavg").read().split()[0]
-    print(f"\npolite caller: identity 4 KiB closed loop, {args.seconds:g} s a phase, "
-          f"load average {load}\n")
+    model = "identity" if args.model == "identity" else f"paced ({args.pace_ms:g} ms a batch of <= 4)"
+    print(f"\npolite caller: {model} 4 KiB closed loop, {args.seconds:g} s a phase, "
+          f"load average {load}, --max-queued-per-client {args.max_queued_per_client}\n")
     print("| attack | undisturbed p50 / p99 us | attacked p50 / p99 us | p99 ratio | "
           "requests | failed |")
     print("|---|---|---|---|---|---|")
@@ -200,7 +242,10 @@ def main() -> int:
         if r["attacked"]["failed"]:
             print(f"{r['attack']}: first failure: {r['attacked']['failed'][0]}")
     if args.json:
-        args.json.write_text(json.dumps({"load": load, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"load": load, "rows": rows, "model": args.model,
+                                         "pace_ms": args.pace_ms,
+                                         "max_queued_per_client": args.max_queued_per_client},
+                                        indent=1))
     return 0
 
 

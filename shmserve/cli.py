@@ -150,6 +150,12 @@ def _byte_count(text: str) -> int:
     return int(text)
 
 
+def _request_count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests (0: no limit)")
+    return int(text)
+
+
 def _cuda_pool(text: str) -> tuple[int, int]:
     """Triton's <GPU>:<bytes>."""
     gpu, sep, size = text.partition(":")
@@ -189,6 +195,7 @@ def cmd_serve(args) -> int:
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
+                            max_queued_per_client=args.max_queued_per_client,
                             exit_timeout_s=args.exit_timeout_secs,
                             log_level=args.log_level, log_verbose=args.log_verbose,
                             log_info=args.log_info, log_warning=args.log_warning,
@@ -574,6 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--exit-timeout-secs", type=float, default=30,
                    help="on SIGINT/SIGTERM/SIGHUP, wait this long for requests in flight (new "
                         "ones are refused meanwhile); a second signal stops at once")
+    s.add_argument("--max-queued-per-client", type=_request_count, default=0, metavar="N",
+                   help="at most N requests of one client queued per model; more are refused "
+                        "BUSY (default 0: no limit, the queue's fair share between clients "
+                        "protects them; model parameter shmserve.max_queued_per_client "
+                        "overrides it; docs/reliability.md)")
     s.add_argument("--idle-check-ms", type=int, default=100,
                    help="how often an idle batcher checks that the coordinator lives; requests "
                         "never wait for it (a worker going idle rings the batcher)")

@@ -47,6 +47,7 @@ class Batcher:
     def __init__(self, boot: dict):
         self.maps = ServerMaps(boot)
         self.idle_check_ns = int(boot.get("idle_check_ms", IDLE_CHECK_MS) * 1_000_000)
+        self.max_queued_per_client = boot.get("max_queued_per_client", 0)  # the server's flag
         self.models: list[Model] = []
         # By model table index, shared with intake: None where no model is.
         self.schedulers: list[Scheduler | None] = [None] * self.maps.layout.n_models
@@ -88,6 +89,8 @@ class Batcher:
     def add(self, d: dict) -> None:
         spec = ModelSpec.from_dict(d["spec"])
         scheduler = make_scheduler(spec)
+        if spec.max_queued_per_client is None:  # the model leaves it to the server's flag
+            scheduler.max_per_client = self.max_queued_per_client
         m = Model(d["model_id"], spec, list(d["workers"]), scheduler, pinned=scheduler.pinned,
                   draining=d.get("draining", False))
         if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
@@ -137,6 +140,7 @@ class Batcher:
                 self.fail_queue(m)
             if len(s):
                 expired, expires = s.expire(now)
+                s.left(r.pending for r in expired)
                 for r in expired:
                     self.intake.reject(m.model_id, r)
                 deadline = earliest(deadline, expires)
@@ -192,13 +196,16 @@ class Batcher:
 
     def fail_queue(self, m: Model) -> None:
         """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""
-        for p in m.scheduler.drain():
+        drained = m.scheduler.drain()
+        m.scheduler.left(drained)
+        for p in drained:
             self.intake.reject(m.model_id, Rejection(
                 p, Status.UNAVAILABLE, f"model '{m.spec.name}' is not available ("
                 + ("it was unloaded" if m.draining else "its workers crash-looped; see "
                    "`shmserve models`") + ")", FailureReason.BACKEND))
 
     def hand_over(self, q: Model, worker: int, batch: list[Pending], now: int) -> None:
+        q.scheduler.left(batch)
         # A request whose lease ended while queued has no arena any more (unmapped).
         batch = [p for p in batch if p.arena.ops is not None]
         if not batch:

@@ -54,6 +54,7 @@ class ServeOptions:
     pinned_pool_bytes: int | None = None  # --pinned-memory-pool-byte-size: not used yet
     cache_bytes: int = 0  # --cache-config local,size=: the response cache (response_cache.py)
     idle_check_ms: int = 100  # an idle batcher checks the coordinator this often; no request waits for it
+    max_queued_per_client: int = 0  # requests of one client queued per model; 0: no limit
     metrics_port: int | None = None  # Prometheus /metrics; off unless given
     metrics_address: str = "127.0.0.1"
     metrics_config: dict = dataclasses.field(default_factory=dict)  # --metrics-config k=v
@@ -220,6 +221,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
                 "idle_check_ms": self.opts.idle_check_ms,
+                "max_queued_per_client": self.opts.max_queued_per_client,
                 "coordinator_pid": os.getpid(),
                 "server_name": self.opts.name, "socket": str(self.sock_path),  # BLS clients
                 "log": self.opts.log_options().as_dict(), **extra}

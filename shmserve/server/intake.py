@@ -114,7 +114,7 @@ class Intake:
          sid_off, sid_bytes) = taken
         scheduler = self.schedulers[model_id]
         p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen,
-                    priority, timeout_us)
+                    priority, timeout_us, client=client_id)
         if scheduler is None:  # published before we read the table change: read it now
             self.table_changed()
             scheduler = self.schedulers[model_id]
@@ -142,7 +142,7 @@ class Intake:
             self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
                                             "finishes the requests it holds and takes no new one"))
             return
-        refused = scheduler.enqueue(p)
+        refused = scheduler.admit(p)
         if refused is not None:
             self.reject(model_id, refused)
 

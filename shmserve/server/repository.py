@@ -67,6 +67,13 @@ RETRY_PARAMETER = "shmserve.retry_on_worker_crash"
 BALANCING_PARAMETER = "shmserve.instance_balancing"
 BALANCED, GREEDY = "balanced", "greedy"
 
+# How many requests one client may hold queued for the model (scheduling/base.py):
+#   parameters { key: "shmserve.max_queued_per_client" value { string_value: "16" } }
+# Over it a request is refused BUSY; "0" turns the server's --max-queued-per-client off
+# for this model. Unset: the server's flag (default 0: no limit; fair share is the
+# default protection, docs/reliability.md).
+PER_CLIENT_PARAMETER = "shmserve.max_queued_per_client"
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
@@ -94,6 +101,7 @@ class ModelSpec:
     priority_queue_policies: tuple = ()
     preserve_ordering: bool = False  # dynamic_batching.preserve_ordering
     instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
+    max_queued_per_client: int | None = None  # PER_CLIENT_PARAMETER; None: the server's flag
     warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
     sequence: dict | None = None  # sequence_batching, as sequence_config.parse gives it
     devices: tuple[int, ...] = ()  # per instance: devices.CPU or a GPU number; () all CPU
@@ -395,6 +403,13 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     if balancing not in (BALANCED, GREEDY):
         raise ConfigError(f'{where}: parameters "{BALANCING_PARAMETER}" must be "{BALANCED}" or '
                           f'"{GREEDY}", got {params[BALANCING_PARAMETER]!r}')
+    per_client = None
+    if PER_CLIENT_PARAMETER in params:
+        text = params[PER_CLIENT_PARAMETER].strip()
+        if not text.isdigit():
+            raise ConfigError(f'{where}: parameters "{PER_CLIENT_PARAMETER}" must be a whole number '
+                              f"(0: no limit), got {params[PER_CLIENT_PARAMETER]!r}")
+        per_client = int(text)
     dynb = cfg.dynamic_batching
     policy = dynb.default_queue_policy
     levels, default_level = int(dynb.priority_levels), int(dynb.default_priority_level)
@@ -433,7 +448,7 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             allow_timeout_override=bool(policy.allow_timeout_override),
             priority_levels=levels, default_priority_level=default_level,
             priority_queue_policies=level_policies, preserve_ordering=bool(dynb.preserve_ordering),
-            instance_balancing=balancing, warmup=samples, sequence=sequence,
+            instance_balancing=balancing, max_queued_per_client=per_client, warmup=samples, sequence=sequence,
             response_cache=(cfg.response_cache.enable and sequence is None
                             and backend != ensemble.PLATFORM),
             batch_inputs=batch_inputs, batch_outputs=batch_outputs))

@@ -8,8 +8,12 @@ Who calls what: everything runs in the batcher process, on its one thread, so a
 policy needs no locks.
 
 - intake.Intake.take() validates a request at the trust boundary, builds its Pending
-  and calls enqueue(p) on the scheduler of its model. A Rejection returned (e.g. a full
-  queue: BUSY) is answered by intake; None means the scheduler now holds p.
+  (Pending.client: its client's id) and calls admit(p) on the scheduler of its model:
+  the base class refuses it over the per-client limit (max_queued_per_client), else
+  calls the policy's enqueue(p). A Rejection returned (e.g. a full queue: BUSY) is
+  answered by intake; None means the scheduler now holds p. The batcher calls left()
+  with every request a scheduler gives back (batches, Rejections, drain()), which
+  keeps the per-client counts.
 - batcher.Batcher.dispatch(), on every pass of the loop, for each model that holds
   requests (len(scheduler) > 0):
     1. drain() if the model became unavailable (its instances crash-looped): every
@@ -38,6 +42,8 @@ Rules for a policy:
   shapes (equal Pending.key), at most max(max_batch_size, 1) rows in all and at most
   MAX_BATCH_REQUESTS requests (the mailbox's capacity).
 - now_ns and Pending.arrived_ns are the same monotonic clock (shmserve._core.now_ns).
+- Fair share (issue 14): a policy with queues (fifo.py) lets clients take turns within a
+  priority level (fair.py), each client's requests in arrival order.
 
 A new policy (ensembles) is a new module with a Scheduler subclass whose
 applies_to(spec) recognises its models, listed in POLICIES before the default.

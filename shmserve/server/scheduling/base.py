@@ -3,6 +3,7 @@ base of every policy. The contract is in the package docstring (__init__.py)."""
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 from typing import NamedTuple
 
@@ -22,7 +23,8 @@ class Pending:
     generation: int = 0  # of the slot's request, to answer it
     priority: int = 0  # the request's priority option (0: the model's default level)
     timeout_us: int = 0  # its timeout option; once queued, the queue timeout that applies
-    queue_index: int = -1  # FifoQueue with timeouts: which of its queues holds it (-1: none)
+    queue_index: int = -1  # FifoQueue: which of its queues holds it (-1: none)
+    client: int = -1  # its client's id (lease index): fair share and per-client limits
 
 
 class Rejection(NamedTuple):
@@ -40,6 +42,35 @@ class Scheduler(abc.ABC):
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec
+        # shmserve.max_queued_per_client (None: the server's --max-queued-per-client,
+        # which the batcher sets); 0: no limit
+        self.max_per_client = spec.max_queued_per_client or 0
+        self.per_client: collections.Counter[int] = collections.Counter()  # only with a limit
+
+    def admit(self, p: Pending) -> Rejection | None:
+        """enqueue(p) within the per-client limit (intake's call)."""
+        limit = self.max_per_client
+        if not limit:
+            return self.enqueue(p)
+        if self.per_client[p.client] >= limit:
+            return Rejection(p, Status.BUSY, (
+                f"model '{self.spec.name}': this client already has {limit} requests queued "
+                f"(max_queued_per_client {limit}: --max-queued-per-client or the model "
+                "parameter shmserve.max_queued_per_client); retry later"))
+        refused = self.enqueue(p)
+        if refused is None:
+            self.per_client[p.client] += 1
+        return refused
+
+    def left(self, gone) -> None:
+        """Requests that left the queue (a batch, a Rejection, drain()): the batcher's
+        call, which keeps the per-client counts."""
+        if self.max_per_client:
+            counts = self.per_client
+            for p in gone:
+                counts[p.client] -= 1
+                if counts[p.client] <= 0:
+                    del counts[p.client]
 
     @classmethod
     @abc.abstractmethod

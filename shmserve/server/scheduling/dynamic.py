@@ -1,7 +1,12 @@
 """Dynamic batching, Triton's rules: a batch is the oldest request and the later ones
 of the same non-batch shapes, up to max_batch_size rows; it goes when full, when a
-preferred_batch_size can be cut from it, or once its oldest request has waited
+preferred_batch_size can be cut from it, or once the model's oldest request has waited
 max_queue_delay_microseconds. default_queue_policy comes from FifoQueue.
+
+Fair share (fifo.py, fair.py): "oldest" and "later" are in the order batches take
+requests, where clients take turns; the delay counts from the oldest request of the
+model, whichever client sent it, so a turn order never makes a request wait longer
+for its batch to go.
 
 Instance balancing (shmserve.instance_balancing, repository.py): when the batcher asks
 for batches for several idle instances at once (next_batches), Triton hands the first
@@ -44,7 +49,7 @@ class DynamicBatchScheduler(FifoQueue):
             return None, None
         picked, rows, preferred_prefix = [], 0, 0
         more = False
-        for p in self.ordered():  # priority order, then arrival order
+        for p in self.ordered():  # priority order, then clients in turn, each in arrival order
             if p.key != head.key:  # different shapes never share a batch
                 continue
             if rows + p.rows > self.max_rows or len(picked) == MAX_BATCH_REQUESTS:
@@ -55,11 +60,12 @@ class DynamicBatchScheduler(FifoQueue):
             if rows in self.preferred:
                 preferred_prefix = len(picked)
         full = more or rows >= self.max_rows
-        expired = now_ns - head.arrived_ns >= self.delay_ns
+        oldest = self.oldest().arrived_ns if self.delay_ns else head.arrived_ns
+        expired = now_ns - oldest >= self.delay_ns
         if preferred_prefix and (full or expired or rows >= self.preferred[-1]):
             picked = picked[:preferred_prefix]
         elif not (full or expired):
-            return None, head.arrived_ns + self.delay_ns
+            return None, oldest + self.delay_ns
         self.take(picked)
         return picked, None
 

@@ -6,17 +6,18 @@ allow_timeout_override. Subclasses decide next_batch (and may override next_batc
 plan across idle instances, as dynamic.py does).
 
 Order: the requests of level 1, then those of level 1 that timed out with DELAY, then
-level 2, and so on; within each, arrival order (Triton's PriorityQueue). A request's
+level 2, and so on (Triton's PriorityQueue); within each, the clients take turns, each
+client's requests in arrival order (fair.py: a caller with many requests queued does
+not put another's one behind all of them; with one client it is arrival order). A request's
 priority 0, or one above priority_levels, is the model's default level, as in Triton.
 Timeouts: Triton's rule, a request's own timeout_us counts only where its level allows
 the override and only if it is shorter than the level's default_timeout_microseconds.
 
-Cost: a model with one level and no DELAY iterates one deque; without a timeout,
-expire() returns at once and no request carries a queue index. Deadlines live in a
-heap only when some level has a timeout or allows one."""
+Cost: a model with one level and no DELAY iterates one FairQueue; without a timeout,
+expire() returns at once. Deadlines live in a heap only when some level has a timeout
+or allows one."""
 from __future__ import annotations
 
-import collections
 import heapq
 import itertools
 from typing import Iterable, NamedTuple
@@ -24,6 +25,7 @@ from typing import Iterable, NamedTuple
 from ...protocol import Status
 from ..repository import ModelSpec
 from .base import Pending, Rejection, Scheduler
+from .fair import FairQueue
 
 
 class QueuePolicy(NamedTuple):
@@ -48,8 +50,7 @@ class FifoQueue(Scheduler):
         self.policies = queue_policies(spec)
         self.default_level = max(spec.default_priority_level, 1) - 1 if spec.priority_levels else 0
         # Per level its queue, then its delayed requests: the order batches take them in.
-        self.queues: list[collections.deque[Pending]] = [
-            collections.deque() for _ in range(2 * len(self.policies))]
+        self.queues: list[FairQueue] = [FairQueue() for _ in range(2 * len(self.policies))]
         self.count = 0
         self.n_levels = len(self.policies)
         self.timed = any(p.timeout_us or p.allow_override for p in self.policies)
@@ -73,10 +74,16 @@ class FifoQueue(Scheduler):
         return itertools.chain.from_iterable(self.queues)
 
     def head(self) -> Pending | None:
+        """The request the next batch starts with."""
         for q in self.queues:
             if q:
-                return q[0]
+                return q.head()
         return None
+
+    def oldest(self) -> Pending | None:
+        """The request of the model that has waited longest, whoever its client."""
+        return min((q.oldest() for q in self.queues if q), key=lambda p: p.arrived_ns,
+                   default=None)
 
     def enqueue(self, p: Pending) -> Rejection | None:
         # Triton: priority 0, or above priority_levels, is the default level.
@@ -89,8 +96,8 @@ class FifoQueue(Scheduler):
                              f"(max_queue_size {limit}); retry later")
         q.append(p)
         self.count += 1
+        p.queue_index = 2 * level
         if self.timed:
-            p.queue_index = 2 * level
             timeout_us = policy.timeout_us
             if policy.allow_override and p.timeout_us and (p.timeout_us < timeout_us):
                 timeout_us = p.timeout_us
@@ -100,25 +107,12 @@ class FifoQueue(Scheduler):
         return None
 
     def take(self, picked: list[Pending]) -> None:
-        """Removes the requests of a batch (in the order ordered() gave them)."""
-        n = len(picked)
-        self.count -= n
-        if self.timed:  # their deadlines in the heap are stale from now on
-            for p in picked:
-                p.queue_index = -1
-        i = 0
-        for q in self.queues:  # the common case: the batch is the head of the order
-            while i < n and q and q[0] is picked[i]:
-                q.popleft()
-                i += 1
-            if i == n:
-                return
-            if q:
-                break
-        rest = {id(p) for p in picked[i:]}
-        for k, q in enumerate(self.queues):
-            if any(id(p) in rest for p in q):
-                self.queues[k] = collections.deque(p for p in q if id(p) not in rest)
+        """Removes the requests of a batch (in the order ordered() gave them): each
+        uses its client's turn."""
+        self.count -= len(picked)
+        for p in picked:
+            self.queues[p.queue_index].remove(p, served=True)
+            p.queue_index = -1  # its deadline in the heap, if any, is stale from now on
 
     def expire(self, now_ns: int) -> tuple[list[Rejection], int | None]:
         """Requests past their queue timeout: REJECT answers them (Triton's "Request
@@ -133,7 +127,7 @@ class FifoQueue(Scheduler):
             if k < 0:
                 continue  # it left in a batch
             level = k // 2
-            self.queues[k].remove(p)
+            self.queues[k].remove(p, served=False)
             if self.policies[level].delay:
                 p.queue_index = k + 1
                 self.queues[k + 1].append(p)
