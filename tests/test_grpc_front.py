@@ -598,6 +598,26 @@ def start_grpc(server_factory, threads: int = 1, models=("simple",), setup=None)
     return server, wait_live(server, port), port
 
 
+def test_trace_turned_on_over_grpc_reaches_the_workers(server_factory, tmp_path):
+    """update_trace_settings over gRPC turns tracing on while serving: the workers
+    trace the requests that follow."""
+    trace_file = tmp_path / "trace.json"
+    port = free_port()
+    server = server_factory(models=("simple",), args=[
+        "--grpc-port", port, "--trace-config", f"triton,file={trace_file}"])
+    client = wait_live(server, port)
+    a, b, inputs = simple_inputs()
+    client.infer("simple", inputs)
+    assert not trace_file.exists()  # off at start: nothing traced
+    settings = client.update_trace_settings(
+        settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}, as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["TIMESTAMPS"]
+    assert poll_until(lambda: client.infer("simple", inputs) and trace_file.exists()
+                      and '"model_name":"simple"' in trace_file.read_text(), 30), server.log()
+    client.update_trace_settings(settings={"trace_level": ["OFF"]})
+    client.close()
+
+
 def test_killed_front_is_restarted(server_factory):
     server, client, port = start_grpc(server_factory, threads=2)
     try:
