@@ -36,6 +36,7 @@ WATCH_INTERVAL_S = 0.1
 LOG_SETTINGS = {"log_file": ("file", str), "log_info": ("info", bool),
                 "log_warning": ("warning", bool), "log_error": ("error", bool),
                 "log_verbose_level": ("verbose", int), "log_format": ("format", str)}
+_KIND_WORDS = {bool: "a boolean", int: "an integer", str: "a string"}
 
 
 def _bad(message: str) -> ShmServeError:
@@ -60,7 +61,7 @@ def update_log(opts: LogOptions, update: dict) -> LogOptions:
             raise _bad(f"log setting '{key}' is unknown (one of {', '.join(LOG_SETTINGS)})")
         field, kind = LOG_SETTINGS[key]
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise _bad(f"log setting '{key}' takes a {kind.__name__}, got {value!r}")
+            raise _bad(f"log setting '{key}' takes {_KIND_WORDS[kind]}, got {value!r}")
         if key == "log_verbose_level" and not 0 <= value < 1 << 32:
             raise _bad(f"log setting 'log_verbose_level' must be a non-negative integer, "
                        f"got {value}")
@@ -131,9 +132,10 @@ class SettingsPage:
         self.ops.store64(0, seq + 2)
 
     def read(self) -> tuple[int, dict]:
-        """(sequence, settings), a consistent copy."""
+        """(sequence, settings), a consistent copy; ValueError if none is found within
+        about a second (a page written by someone else than the coordinator)."""
         buf = self.segment.buffer
-        while True:
+        for _ in range(1000):
             seq = self.sequence()
             if seq % 2 == 0:
                 n = min(int.from_bytes(buf[8:12], "little"), PAGE_BYTES - HEADER_BYTES)
@@ -146,6 +148,7 @@ class SettingsPage:
                     if isinstance(settings, dict) and settings.get("sequence") == seq:
                         return seq, settings
             time.sleep(0.001)
+        raise ValueError(f"the settings page {self.path} holds no consistent settings")
 
     def close(self) -> None:
         self.segment.close()
@@ -162,11 +165,12 @@ def watch(path: str, apply) -> None:
         while True:
             time.sleep(WATCH_INTERVAL_S)
             if page.sequence() != seen:
-                seen, new = page.read()
                 try:
+                    seen, new = page.read()
                     apply(new)
-                except Exception:  # a bad change must not end the watching
+                except Exception:  # a bad page or change must not end the watching
                     log.exception("applying changed settings failed")
+                    seen = page.sequence()
 
     threading.Thread(target=loop, name="settings-watch", daemon=True).start()
 
