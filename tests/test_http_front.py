@@ -330,6 +330,26 @@ def test_classification(front, binary):
     assert e.value.status() == "400"
 
 
+def test_classification_labels_follow_a_reload(server_factory):
+    """The front keeps a model version's labels by its handle: a reload (new labels
+    file) gives a new handle, so the next request has the new labels."""
+    def setup(repo):
+        write_classification_models(repo)
+
+    server, client, port = start_http_args(
+        server_factory, ["--model-control-mode", "explicit", "--load-model", "classes"],
+        setup=setup, models=())
+    inp = th.InferInput("INPUT0", [2, 4], "FP32")
+    inp.set_data_from_numpy(CLASSES_IN)
+    out = [th.InferRequestedOutput("OUTPUT0", class_count=1)]
+    assert texts(client.infer("classes", [inp], outputs=out).as_numpy("OUTPUT0")) == \
+        [["0.700000:1:dog"], ["0.400000:2:bird"]]
+    (server.repo / "classes" / "labels.txt").write_text("a\nb\nc\nd\n")
+    client.load_model("classes")
+    assert texts(client.infer("classes", [inp], outputs=out).as_numpy("OUTPUT0")) == \
+        [["0.700000:1:b"], ["0.400000:2:c"]]
+
+
 # Logs one verbose line per request, naming the request's INPUT0[0]: verbose lines of a
 # worker appear only once log_verbose_level is on.
 VERBOSE_CODE = '''
