@@ -171,6 +171,23 @@ def setup(opts: LogOptions, role: str) -> None:
     sys.excepthook = log_uncaught
 
 
+def reconfigure(opts: LogOptions) -> None:
+    """Applies changed options (Triton's logging extension, server/settings.py) to the
+    handler setup() gave this process: severities, verbosity, format, file. OSError if
+    a new log file cannot be opened (the old one is kept)."""
+    for handler in logging.getLogger().handlers:
+        if not isinstance(handler, AppendHandler) or handler.opts == opts:
+            continue
+        if opts.file != handler.opts.file:
+            fd = open_log_file(opts.file) if opts.file else 2  # stderr
+            old, handler.fd = handler.fd, fd
+            if handler.opts.file:
+                os.close(old)
+        handler.setFormatter(TritonFormatter(handler.formatter.role, opts.format))
+        handler.opts = opts
+    logging.getLogger("shmserve").setLevel(logging.DEBUG if opts.verbose else logging.INFO)
+
+
 class ModelOutput(io.TextIOBase):
     """What a model writes to sys.stdout or sys.stderr, as log lines naming it: each
     complete line becomes one record (`model 'm' version 1 instance 0: text`) at the

@@ -420,28 +420,51 @@ def test_statistics(front):
     assert e.status() == "StatusCode.NOT_FOUND" and "'nosuch' is not found" in e.message()
 
 
-def test_trace_and_log_settings(front):
-    _, client, _ = front
+def test_trace_and_log_settings(front, stub):
+    """The trace and logging extensions over gRPC (test_http_front checks that changes
+    reach the workers): read, change, back to the values at start, errors by name."""
+    server, client, _ = front
     trace = client.get_trace_settings(as_json=True)["settings"]
     assert trace["trace_level"]["value"] == ["OFF"] and trace["trace_rate"]["value"] == ["1000"]
     assert client.get_trace_settings(model_name="simple", as_json=True)["settings"] == trace
-    # Asking for what is set is fine; a change names the setting and the flag to use.
-    assert client.update_trace_settings(settings={"trace_rate": "1000"}, as_json=True)
-    e = rpc_error(client.update_trace_settings, settings={"trace_level": ["TIMESTAMPS"]})
-    assert e.status() == "StatusCode.UNIMPLEMENTED"
-    assert "trace setting 'trace_level'" in e.message() and "--trace-config" in e.message()
+    changed = client.update_trace_settings(settings={"trace_rate": "7", "trace_count": "3"},
+                                           as_json=True)["settings"]
+    assert changed["trace_rate"]["value"] == ["7"] and changed["trace_count"]["value"] == ["3"]
+    # An empty value (tritonclient's None) sets a setting back to its value at start.
+    back = client.update_trace_settings(settings={"trace_rate": None, "trace_count": None},
+                                        as_json=True)["settings"]
+    assert back == trace
+    for settings, words in [({"trace_level": ["TIMESTAMPS"]}, "needs a trace file"),
+                            ({"trace_rate": "many"}, "'trace_rate' must be an integer"),
+                            ({"trace_mode": "opentelemetry"}, "trace_mode can not be updated"),
+                            ({"trace_colour": "red"}, "'trace_colour' is unknown")]:
+        e = rpc_error(client.update_trace_settings, settings=settings)
+        assert e.status() == "StatusCode.INVALID_ARGUMENT" and words in e.message(), e
+    e = rpc_error(client.update_trace_settings, model_name="simple", settings={"trace_rate": "2"})
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "per-model" in e.message()
     e = rpc_error(client.get_trace_settings, model_name="nosuch")
     assert e.status() == "StatusCode.NOT_FOUND"
     logs = client.get_log_settings(as_json=True)["settings"]
     assert logs["log_info"] == {"bool_param": True}
     assert logs["log_format"] == {"string_param": "default"}
     assert logs["log_verbose_level"] == {"uint32_param": 0}
-    assert client.update_log_settings({"log_info": True})
-    e = rpc_error(client.update_log_settings, {"log_verbose_level": 2})
-    assert e.status() == "StatusCode.UNIMPLEMENTED"
-    assert "log setting 'log_verbose_level'" in e.message() and "--log-verbose" in e.message()
-    e = rpc_error(client.update_log_settings, {"log_colour": True})
-    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "'log_colour' is unknown" in e.message()
+    changed = client.update_log_settings({"log_warning": False, "log_verbose_level": 2},
+                                         as_json=True)["settings"]
+    assert changed["log_warning"] == {"bool_param": False}
+    assert changed["log_verbose_level"] == {"uint32_param": 2}
+    assert client.update_log_settings({"log_warning": True, "log_verbose_level": 0},
+                                      as_json=True)["settings"] == logs
+    for settings, words in [({"log_colour": True}, "'log_colour' is unknown"),
+                            ({"log_format": "XML"}, "'XML' is not one of")]:
+        e = rpc_error(client.update_log_settings, settings)
+        assert e.status() == "StatusCode.INVALID_ARGUMENT" and words in e.message(), e
+    request = pb.LogSettingsRequest()  # a type tritonclient would not send for the key
+    request.settings["log_info"].string_param = "yes"
+    with pytest.raises(grpc.RpcError) as e:
+        stub.LogSettings(request)
+    assert e.value.code() == Code.INVALID_ARGUMENT
+    assert "'log_info' takes a bool" in e.value.details()
+    assert client.get_log_settings(as_json=True)["settings"] == logs
 
 
 def test_model_repository_outside_explicit_mode(front):
@@ -573,6 +596,26 @@ def start_grpc(server_factory, threads: int = 1, models=("simple",), setup=None)
     server = server_factory(models=models, setup=setup, args=[
         "--grpc-port", port, "--grpc-infer-thread-count", threads])
     return server, wait_live(server, port), port
+
+
+def test_trace_turned_on_over_grpc_reaches_the_workers(server_factory, tmp_path):
+    """update_trace_settings over gRPC turns tracing on while serving: the workers
+    trace the requests that follow."""
+    trace_file = tmp_path / "trace.json"
+    port = free_port()
+    server = server_factory(models=("simple",), args=[
+        "--grpc-port", port, "--trace-config", f"triton,file={trace_file}"])
+    client = wait_live(server, port)
+    a, b, inputs = simple_inputs()
+    client.infer("simple", inputs)
+    assert not trace_file.exists()  # off at start: nothing traced
+    settings = client.update_trace_settings(
+        settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"}, as_json=True)["settings"]
+    assert settings["trace_level"]["value"] == ["TIMESTAMPS"]
+    assert poll_until(lambda: client.infer("simple", inputs) and trace_file.exists()
+                      and '"model_name":"simple"' in trace_file.read_text(), 30), server.log()
+    client.update_trace_settings(settings={"trace_level": ["OFF"]})
+    client.close()
 
 
 def test_killed_front_is_restarted(server_factory):

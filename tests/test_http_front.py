@@ -9,6 +9,7 @@ import gzip
 import http.client
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -86,9 +87,12 @@ def wait_live(server, port: int):
 
 
 def start_http(server_factory, threads: int = 1, models=("simple", "identity"), setup=None):
+    return start_http_args(server_factory, ["--http-thread-count", threads], models, setup)
+
+
+def start_http_args(server_factory, args, models=("simple", "identity"), setup=None):
     port = free_port()
-    server = server_factory(models=models, setup=setup, args=["--http-port", port,
-                                                 "--http-thread-count", threads])
+    server = server_factory(models=models, setup=setup, args=["--http-port", port, *args])
     return server, wait_live(server, port), port
 
 
@@ -278,10 +282,8 @@ def test_bad_requests_are_400_and_the_front_goes_on(front):
     status, reply = raw(port, "POST", infer, b"abc", {"Content-Encoding": "gzip"})
     assert status == 400 and "not valid gzip" in reply["error"]
     # Endpoints of extensions not served yet say so, by name.
-    for method, path, words in [("GET", "/v2/trace/setting", "trace"),
-                                ("GET", "/v2/logging", "logging")]:
-        status, reply = raw(port, method, path)
-        assert status == 501 and words in reply["error"], (path, reply)
+    status, reply = raw(port, "POST", "/v2/models/simple/generate", b"{}")
+    assert status == 501 and "generate extension" in reply["error"], reply
     # The repository extension: load and unload refused outside explicit mode, as Triton.
     status, reply = raw(port, "POST", "/v2/repository/models/simple/load")
     assert status == 503 and "load / unload is not allowed" in reply["error"], reply
@@ -326,6 +328,106 @@ def test_classification(front, binary):
     assert "output 'OUTPUT0'" in e.value.message() and "unsupported type 'BYTES'" in \
         e.value.message()
     assert e.value.status() == "400"
+
+
+def test_classification_labels_follow_a_reload(server_factory):
+    """The front keeps a model version's labels by its handle: a reload (new labels
+    file) gives a new handle, so the next request has the new labels."""
+    def setup(repo):
+        write_classification_models(repo)
+
+    server, client, port = start_http_args(
+        server_factory, ["--model-control-mode", "explicit", "--load-model", "classes"],
+        setup=setup, models=())
+    inp = th.InferInput("INPUT0", [2, 4], "FP32")
+    inp.set_data_from_numpy(CLASSES_IN)
+    out = [th.InferRequestedOutput("OUTPUT0", class_count=1)]
+    assert texts(client.infer("classes", [inp], outputs=out).as_numpy("OUTPUT0")) == \
+        [["0.700000:1:dog"], ["0.400000:2:bird"]]
+    (server.repo / "classes" / "labels.txt").write_text("a\nb\nc\nd\n")
+    client.load_model("classes")
+    assert texts(client.infer("classes", [inp], outputs=out).as_numpy("OUTPUT0")) == \
+        [["0.700000:1:b"], ["0.400000:2:c"]]
+
+
+# Logs one verbose line per request, naming the request's INPUT0[0]: verbose lines of a
+# worker appear only once log_verbose_level is on.
+VERBOSE_CODE = '''
+import logging
+
+class TritonPythonModel:
+    def execute(self, inputs):
+        x = inputs["INPUT0"]
+        logging.getLogger("shmserve.model.test").debug("verbose-marker-%d", int(x.reshape(-1)[0]))
+        return {"OUTPUT0": x}
+'''
+
+
+def test_trace_and_log_settings_change_while_serving(server_factory, tmp_path):
+    """The trace and logging extensions: tritonclient.http reads and changes them; the
+    changes reach the workers (trace records appear once tracing is on, a worker's
+    verbose lines once log_verbose_level is on, its lines in ISO8601 once asked)."""
+    trace_file = tmp_path / "trace.json"
+
+    def setup(repo):
+        write_model(repo, "verbose", python_config("verbose", "INT32", (1,)), VERBOSE_CODE)
+
+    server, client, port = start_http_args(
+        server_factory, ["--trace-config", f"triton,file={trace_file}"], setup=setup,
+        models=("simple",))
+    trace = client.get_trace_settings()
+    assert trace["trace_level"] == ["OFF"] and trace["trace_rate"] == "1000"
+    assert trace["trace_file"] == str(trace_file) and trace["trace_mode"] == "triton"
+    assert client.get_trace_settings(model_name="simple") == trace
+
+    def infer(model: str, n: int):
+        inp = th.InferInput("INPUT0", [1, 1], "INT32")
+        inp.set_data_from_numpy(np.array([[n]], dtype=np.int32))
+        return client.infer(model, [inp])
+
+    infer("verbose", 1)  # answered: its verbose line was not shown
+    changed = client.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"],
+                                                     "trace_rate": "1"})
+    assert changed["trace_level"] == ["TIMESTAMPS"] and changed["trace_rate"] == "1"
+    assert client.get_trace_settings() == changed
+    # The workers apply it within their watcher's interval: requests until one is traced.
+    assert poll_until(lambda: infer("verbose", 0) and trace_file.exists() and
+                      '"model_name":"verbose"' in trace_file.read_text(), 30), server.log()
+    # Back to the values at start (null), then tracing is off again.
+    assert client.update_trace_settings(settings={"trace_level": None,
+                                                  "trace_rate": None}) == trace
+    # Logging: verbose lines of the workers once asked for.
+    logs = client.get_log_settings()
+    assert logs == {"log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+                    "log_verbose_level": 0, "log_format": "default"}
+    assert client.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+    full_log = lambda: server.log_path.read_text(errors="replace")  # noqa: E731
+    assert poll_until(lambda: infer("verbose", 2) and "verbose-marker-2" in full_log(), 30)
+    assert "verbose-marker-1" not in full_log()
+    client.update_log_settings({"log_format": "ISO8601"})
+    iso = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ worker/.*verbose-marker-3$", re.M)
+    assert poll_until(lambda: infer("verbose", 3) and iso.search(full_log()), 30), full_log()[-2000:]
+    assert client.update_log_settings({"log_verbose_level": 0, "log_format": "default"}) == logs
+    # Errors name the setting: 400 with Triton's {"error": ...}.
+    cases = [
+        ("/v2/trace/setting", {"trace_rate": "0"}, "'trace_rate' must be an integer of at least 1"),
+        ("/v2/trace/setting", {"trace_level": ["TENSORS"]}, "TENSORS is not implemented"),
+        ("/v2/trace/setting", {"trace_file": "/tmp/elsewhere.json"},
+         "trace file location can not be updated"),
+        ("/v2/trace/setting", {"trace_colour": "1"}, "trace setting 'trace_colour' is unknown"),
+        ("/v2/models/simple/trace/setting", {"trace_rate": "5"}, "per-model trace settings"),
+        ("/v2/logging", {"log_info": "yes"}, "log setting 'log_info' takes a bool"),
+        ("/v2/logging", {"log_verbose_level": -1}, "'log_verbose_level' must be a non-negative"),
+        ("/v2/logging", {"log_format": "XML"}, "'log_format': 'XML' is not one of"),
+        ("/v2/logging", {"log_file": "relative.log"}, "is not an absolute path"),
+        ("/v2/logging", {"log_colour": True}, "log setting 'log_colour' is unknown"),
+    ]
+    for path, body, words in cases:
+        status, reply = raw(port, "POST", path, json.dumps(body).encode())
+        assert status == 400 and words in reply["error"], (body, reply)
+    assert raw(port, "GET", "/v2/models/nosuch/trace/setting")[0] == 404
+    assert raw(port, "POST", "/v2/logging", b"[1]")[0] == 400
+    assert client.get_log_settings() == logs and client.get_trace_settings() == trace
 
 
 def test_statistics(front):

@@ -137,7 +137,8 @@ def run_sampler(rate: int, count: int, batches: list[int]) -> list[list[int]]:
     records it sent, read back from its pipe."""
     r, w = os.pipe()
     try:
-        sampler, n = Sampler({"fd": w, "rate": rate, "count": count}, model_id=0), 0
+        sampler, n = Sampler({"fd": w, "rate": rate, "count": count, "level": "TIMESTAMPS"},
+                             model_id=0), 0
         for size in batches:
             live = [FakeRequest(n + i + 1) for i in range(size)]
             n += size

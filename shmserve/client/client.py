@@ -70,6 +70,17 @@ class Client:
         the version's handle (which a reload changes)."""
         return self.engine.call(P.GetLabels(model, version_key(version)))
 
+    def log_settings(self, update: dict | None = None) -> dict:
+        """Triton's logging extension: the server's log settings (Triton's names), after
+        applying `update` ({setting: value}) to every process of the server."""
+        return self.engine.call(P.LogSettings(update)).settings
+
+    def trace_settings(self, model: str | None = None, update: dict | None = None) -> dict:
+        """Triton's trace extension: the trace settings (each a list of strings), after
+        applying `update` ({setting: value or list of values; None: back to the value
+        at start}). Per-model settings are not served: `model` is only checked."""
+        return self.engine.call(P.TraceSettings(model, update)).settings
+
     def statistics(self, model: str | None = None, version: int | None = None,
                    histograms: bool = False) -> list[dict]:
         """Triton's statistics extension, one model_stat per model version (all, every

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 # The extensions the fronts serve, by Triton's names (GET /v2, ServerMetadata).
 EXTENSIONS = ["binary_tensor_data", "statistics", "model_configuration", "system_shared_memory",
-              "model_repository"]
+              "model_repository", "classification", "trace", "logging"]
 CONTROL_TIMEOUT_S = 10.0  # a control call not answered by then: 503/UNAVAILABLE, never a hang
 
 

@@ -50,17 +50,6 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 NOT_YET: dict[str, str] = {}
 LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
 
-# LogSettings: Triton's setting -> (the LogOptions field in the boot message, the
-# SettingValue field it travels in).
-LOG_SETTINGS = {"log_file": ("file", "string_param"), "log_info": ("info", "bool_param"),
-                "log_warning": ("warning", "bool_param"), "log_error": ("error", "bool_param"),
-                "log_verbose_level": ("verbose", "uint32_param"),
-                "log_format": ("format", "string_param")}
-LOG_FLAGS = {"log_file": "--log-file", "log_info": "--log-info", "log_warning": "--log-warning",
-             "log_error": "--log-error", "log_verbose_level": "--log-verbose",
-             "log_format": "--log-format"}
-
-
 # Field numbers of what encode_response writes itself (service.proto).
 RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
 STREAM_INFER_RESPONSE = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
@@ -231,13 +220,11 @@ def decode_inputs(request, in_shm: dict, read_shm=None) -> dict:
 class Service(pb_grpc.GRPCInferenceServiceServicer):
     """Triton's GRPCInferenceService over one lease of the engine."""
 
-    def __init__(self, client: Client, max_in_flight: int, trace: dict, log_options: dict):
+    def __init__(self, client: Client, max_in_flight: int):
         self.client = client
         # submit() waits (blocking) for a free slot: never ask for more than the lease holds
         self.in_flight = asyncio.Semaphore(max_in_flight)
         self.max_stream_in_flight = max_in_flight  # requests of one stream read ahead
-        self.trace = trace
-        self.log_options = log_options
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
         self.labels = classification.Labels()
 
@@ -502,20 +489,17 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, self._trace_setting(request))
 
     async def _trace_setting(self, request):
-        if request.model_name:
-            try:
-                await self.control(self.client.model_metadata, request.model_name, None)
-            except errors.ModelNotFoundError:
-                raise GrpcError(grpc.StatusCode.NOT_FOUND,
-                                not_found_message(request.model_name, None)) from None
-        for key, value in request.settings.items():
-            if list(value.value) not in ([], self.trace.get(key, [])):
-                raise GrpcError(grpc.StatusCode.UNIMPLEMENTED,
-                                f"trace setting '{key}': shmserve cannot change it while it runs "
-                                f"(set it with --trace-config at start); it is "
-                                f"{self.trace.get(key, 'not set')}")
+        """Triton's trace extension (global settings; server/settings.py): an empty
+        value list sets a setting back to its value at start."""
+        update = {key: list(value.value) or None for key, value in request.settings.items()}
+        try:
+            settings = await self.control(self.client.trace_settings, request.model_name or None,
+                                          update or None)
+        except errors.ModelNotFoundError:
+            raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                            not_found_message(request.model_name, None)) from None
         response = pb.TraceSettingResponse()
-        for key, values in self.trace.items():
+        for key, values in settings.items():
             response.settings[key].value.extend(values)
         return response
 
@@ -523,32 +507,21 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, self._log_settings(request))
 
     async def _log_settings(self, request):
-        current = self.current_log_settings()
+        """Triton's logging extension (server/settings.py checks names and types)."""
+        update = {}
         for key, value in request.settings.items():
-            if key not in LOG_SETTINGS:
-                raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"log setting '{key}' is unknown (one of "
-                                f"{', '.join(LOG_SETTINGS)})")
             kind = value.WhichOneof("parameter_choice")
-            if kind != LOG_SETTINGS[key][1]:
+            if kind is None:
                 raise GrpcError(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"log setting '{key}' takes a {LOG_SETTINGS[key][1]}, not "
-                                f"{kind or 'nothing'}")
-            if getattr(value, kind) != current[key]:
-                raise GrpcError(grpc.StatusCode.UNIMPLEMENTED,
-                                f"log setting '{key}': shmserve cannot change it while it runs "
-                                f"(set it with {LOG_FLAGS[key]} at start); it is {current[key]!r}")
+                                f"log setting '{key}' has no value")
+            update[key] = getattr(value, kind)
+        settings = await self.control(self.client.log_settings, update or None)
         response = pb.LogSettingsResponse()
-        for key, value in current.items():
-            setattr(response.settings[key], LOG_SETTINGS[key][1], value)
+        for key, value in settings.items():
+            field = ("bool_param" if isinstance(value, bool) else
+                     "uint32_param" if isinstance(value, int) else "string_param")
+            setattr(response.settings[key], field, value)
         return response
-
-    def current_log_settings(self) -> dict:
-        out = {}
-        for key, (field, _) in LOG_SETTINGS.items():
-            value = self.log_options.get(field)
-            out[key] = "" if value is None else value
-        return out
 
 
 def _unimplemented(rpc: str, extension: str):
@@ -603,8 +576,7 @@ async def serve(boot: dict, client: Client) -> None:
 
     options, _ = server_options(boot)
     server = grpc.aio.server(options=options)
-    add_service(Service(client, boot["slots_per_client"], boot["trace_settings"], boot["log"]),
-                server)
+    add_service(Service(client, boot["slots_per_client"]), server)
     address = boot["address"]
     target = f"[{address}]:{boot['port']}" if ":" in address else f"{address}:{boot['port']}"
     try:

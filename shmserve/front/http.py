@@ -36,10 +36,10 @@ log = logging.getLogger("shmserve.front")
 
 # Triton's endpoints this front does not serve yet: answered 501, naming the extension.
 NOT_YET = [
-    (re.compile(r"^/v2(/models/[^/]+(/versions/[^/]+)?)?/trace/setting$"), "trace extension"),
-    (re.compile(r"^/v2/logging$"), "logging extension"),
     (re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/generate(_stream)?$"), "generate extension"),
 ]
+TRACE_SETTING = re.compile(r"^/v2(?:/models/(?P<model>[^/]+)(?:/versions/[^/]+)?)?/trace/setting$")
+MAX_SETTINGS_BYTES = 64 << 10  # a trace or log settings request's JSON
 MODEL = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
                    r"(?P<what>/ready|/config|/stats|/infer)?$")
 SHARED_MEMORY = re.compile(r"^/v2/(?P<kind>system|cuda)sharedmemory(?:/region/(?P<region>[^/]+))?"
@@ -97,13 +97,7 @@ class Front:
     async def repository(self, receive, path: str):
         """Triton's model repository extension: index, load (with
         parameters.config), unload. Errors as Triton's: {"error": ...}."""
-        body = b"".join([chunk async for chunk in _body(receive)])
-        try:
-            request = json.loads(body) if body.strip() else {}
-        except ValueError as e:
-            raise codec.BadRequest(f"the request body is not JSON: {e}") from None
-        if not isinstance(request, dict):
-            raise codec.BadRequest("the request body must be a JSON object")
+        request = await _json_object(receive, MAX_HEADER_BYTES)  # model files in base64
         if path == "/v2/repository/index":
             ready = request.get("ready", False)
             if not isinstance(ready, bool):
@@ -139,6 +133,23 @@ class Front:
                            timeout=LOAD_TIMEOUT_S)
         return 200, b"", {}
 
+    async def settings(self, method: str, receive, path: str):
+        """Triton's logging (/v2/logging) and trace (.../trace/setting) extensions:
+        GET the settings, POST a JSON object of changes (server/settings.py checks
+        them and applies them to every process)."""
+        _method(method, "GET", "POST")
+        update = (await _json_object(receive, MAX_SETTINGS_BYTES)) if method == "POST" else None
+        if path == "/v2/logging":
+            return 200, _json(await self.control(self.client.log_settings, update or None)), {}
+        model = TRACE_SETTING.match(path)["model"]
+        try:
+            settings = await self.control(self.client.trace_settings, model, update or None)
+        except errors.ModelNotFoundError:
+            raise HttpError(404, not_found_message(model, None)) from None
+        # Triton's HTTP answer: trace_level a list, every other setting one string
+        return 200, _json({k: v if k == "trace_level" else v[0]
+                           for k, v in settings.items()}), {}
+
     async def route(self, scope, receive):
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         if path == "/v2/health/live":
@@ -165,6 +176,8 @@ class Front:
             if m["kind"] == "cuda":
                 return _cuda_shared_memory(m["region"], m["action"])
             return await self.system_shared_memory(receive, m["region"], m["action"])
+        if path == "/v2/logging" or TRACE_SETTING.match(path):
+            return await self.settings(method, receive, path)
         for pattern, extension in NOT_YET:
             if pattern.match(path):
                 raise HttpError(501, f"the {extension} is not supported by shmserve's HTTP "
@@ -370,9 +383,25 @@ def _cuda_shared_memory(region, action: str):
     return 200, (_json([]) if action == "status" else b""), {}
 
 
-def _method(method: str, allowed: str) -> None:
-    if method != allowed:
-        raise HttpError(405, f"method {method} is not allowed here (use {allowed})")
+def _method(method: str, *allowed: str) -> None:
+    if method not in allowed:
+        raise HttpError(405, f"method {method} is not allowed here (use {' or '.join(allowed)})")
+
+
+async def _json_object(receive, limit: int) -> dict:
+    """A request body as a JSON object (empty: {}), at most `limit` bytes."""
+    body = bytearray()
+    async for chunk in _body(receive):
+        body += chunk
+        if len(body) > limit:
+            raise HttpError(413, f"the request's JSON is larger than {limit} bytes")
+    try:
+        request = json.loads(body) if body.strip() else {}
+    except ValueError as e:
+        raise codec.BadRequest(f"the request body is not JSON: {e}") from None
+    if not isinstance(request, dict):
+        raise codec.BadRequest("the request body must be a JSON object")
+    return request
 
 
 def _json(obj) -> bytes:

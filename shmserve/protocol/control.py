@@ -109,6 +109,23 @@ class GetLabels(Message):
 
 
 @dataclasses.dataclass
+class LogSettings(Message):
+    """Triton's logging extension: the log settings, after applying `update` (Triton's
+    setting names to values) to every process of the server when given."""
+    OP: ClassVar[str] = "log_settings"
+    update: dict | None = None
+
+
+@dataclasses.dataclass
+class TraceSettings(Message):
+    """Triton's trace extension: the trace settings (global; `model` only checks that
+    the model exists), after applying `update` when given."""
+    OP: ClassVar[str] = "trace_settings"
+    model: str | None = None
+    update: dict | None = None
+
+
+@dataclasses.dataclass
 class GetStats(Message):
     """Triton's statistics extension: every model, every version of `model`, or one."""
     OP: ClassVar[str] = "stats"
@@ -183,6 +200,7 @@ REQUESTS: dict[str, type[Message]] = {c.OP: c for c in (Hello, ListModels, GetMe
                                                          GetConfig, GetStats, GetStatus)}
 REQUESTS.update({c.OP: c for c in (ShmRegister, ShmStatus, ShmUnregister)})
 REQUESTS.update({c.OP: c for c in (LoadModel, UnloadModel, RepositoryIndex, GetLabels)})
+REQUESTS.update({c.OP: c for c in (LogSettings, TraceSettings)})
 OP_HELLO, OP_MODELS, OP_METADATA, OP_CONFIG, OP_STATS, OP_STATUS = (
     Hello.OP, ListModels.OP, GetMetadata.OP, GetConfig.OP, GetStats.OP, GetStatus.OP)
 
@@ -237,6 +255,11 @@ class LabelsReply(Message):
 
 
 @dataclasses.dataclass
+class SettingsReply(Message):
+    settings: dict  # Triton's names: log settings typed, trace settings as lists of str
+
+
+@dataclasses.dataclass
 class StatsReply(Message):
     model_stats: list  # [model_stat of Triton's statistics extension + "shmserve"]
 
@@ -286,7 +309,8 @@ REPLIES: dict[type[Message], type[Message]] = {
     Hello: HelloReply, ListModels: ModelList, GetMetadata: ModelMetadata,
     GetConfig: ModelConfig, GetStats: StatsReply, GetStatus: StatusReply,
     ShmRegister: ShmRegions, ShmStatus: ShmRegions, ShmUnregister: ShmRegions,
-    LoadModel: Done, UnloadModel: Done, RepositoryIndex: IndexReply, GetLabels: LabelsReply}
+    LoadModel: Done, UnloadModel: Done, RepositoryIndex: IndexReply, GetLabels: LabelsReply,
+    LogSettings: SettingsReply, TraceSettings: SettingsReply}
 
 
 class UnknownOperation(ValueError):

@@ -238,6 +238,16 @@ class ControlPlane:
             return self.metadata(self.find_model(msg.model, msg.version))
         if isinstance(msg, P.GetConfig):
             return P.ModelConfig(self.find_model(msg.model, msg.version).spec.config_text)
+        if isinstance(msg, P.LogSettings):
+            return P.SettingsReply(self.settings.log(msg.update))
+        if isinstance(msg, P.TraceSettings):
+            if msg.model is not None:
+                self.find_model(msg.model, None)  # unknown: NOT_FOUND
+                if msg.update:
+                    raise ShmServeError("per-model trace settings are not supported by "
+                                        f"shmserve (model '{msg.model}'): change the global "
+                                        "ones (/v2/trace/setting)", P.Status.INVALID_ARG)
+            return P.SettingsReply(self.settings.trace_of(msg.update))
         if isinstance(msg, P.GetLabels):
             entry = self.find_model(msg.model, msg.version)
             spec = entry.spec

@@ -27,6 +27,7 @@ from .models import ModelControl, ModelTable, version_fingerprint
 from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
                          problems_message, scan_repository)
 from .supervisor import Child, Supervisor, describe_exit
+from .settings import RuntimeSettings
 from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
 from .segments import (ArenaLayout, ServerLayout, control_size, create_sealed,
@@ -144,7 +145,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.started_at = time.monotonic()
         self.ring_capacity = 0
         self.stopping = False
-        self.traces = None  # tracing.TraceSink while --trace-config traces
+        self.traces = None  # tracing.TraceSink (its pipe stays while tracing is off)
+        self.settings = None  # settings.RuntimeSettings: the logging and trace extensions'
         self.port_claims: list[socket.socket] = []  # --http-port/--grpc-port, bound before the start
         self.system_shm = SystemShmRegistry()  # regions registered through the fronts
 
@@ -224,7 +226,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 "max_queued_per_client": self.opts.max_queued_per_client,
                 "coordinator_pid": os.getpid(),
                 "server_name": self.opts.name, "socket": str(self.sock_path),  # BLS clients
-                "log": self.opts.log_options().as_dict(), **extra}
+                "log": self.settings.log_options.as_dict(), "settings": self.settings.page.path,
+                **extra}
 
     def plan_children(self) -> None:
         # The batcher's models and table epoch are filled in at each (re)start (spawn).
@@ -259,6 +262,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
             except Exception as e:  # the segments below must go whatever happened here
                 log.error("traces: could not finish: %s", e)
         self.system_shm.close()
+        if self.settings is not None:
+            self.settings.close()
         for lease in list(self.leases.values()):
             lease["arena"].close()
         self.leases.clear()
@@ -473,6 +478,7 @@ def run(opts: ServeOptions, ready_fd: int | None = None) -> int:
             coord.table.add(spec, version_fingerprint(spec))
         devices.check_pools(opts.cuda_pools, opts.pinned_pool_bytes)
         coord.traces = start_tracing(opts.trace, coord.table.trace_names)
+        coord.settings = RuntimeSettings(opts.log_options(), coord.traces.cfg, coord.traces)
         coord.create_segments()
         coord.plan_children()
         coord.start_children()

@@ -187,4 +187,8 @@ def child_setup(role: str) -> dict:
         sys.exit(1)
     sys.stdin.close()
     setup_logging(LogOptions.from_dict(boot["log"]), role)
+    if "settings" in boot:  # the logging and trace extensions' changes (settings.py)
+        from .settings import start_watching
+
+        start_watching(boot["settings"])
     return boot

@@ -53,18 +53,6 @@ class Child:
                 f"{where}, {pid}")
 
 
-def _trace_settings(trace) -> dict:
-    """--trace-config as Triton's trace settings (TraceSetting RPC: each a list of strings)."""
-    if trace is None:
-        return {"trace_level": ["OFF"]}
-    out = {"trace_level": [trace.level], "trace_rate": [str(trace.rate)],
-           "trace_count": [str(trace.count)], "trace_mode": [trace.mode],
-           "log_frequency": [str(trace.log_frequency)]}
-    if trace.file is not None:
-        out["trace_file"] = [trace.file]
-    return out
-
-
 def describe_exit(code: int) -> str:
     """A child's exit status in words: "exit code 3" or "signal SIGKILL"."""
     if code >= 0:
@@ -184,8 +172,7 @@ class Supervisor:
         name = FRONT_NAMES[protocol]
         arena = min(max(o.default_arena_bytes, 256 << 20), o.max_arena_bytes)
         deadline = time.monotonic() + o.load_timeout_s
-        extra = {"grpc_options": o.grpc_options, "trace_settings": _trace_settings(o.trace)} \
-            if protocol == "grpc" else {}
+        extra = {"grpc_options": o.grpc_options} if protocol == "grpc" else {}
         fronts = [Child("front", self.boot_message(
             index=i, protocol=protocol, address=address, port=port, arena_bytes=arena, **extra))
             for i in range(count)]

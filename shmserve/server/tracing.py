@@ -181,6 +181,21 @@ def _level(values: list[str]) -> str:
     return "OFF" if any(v.lower() in _LEVEL_OFF for v in values) else level
 
 
+def level_word(values: list[str]) -> str:
+    """A trace extension request's trace_level (Triton's words, as _level takes them);
+    ValueError names a word it does not take."""
+    for value in values:
+        word = value.lower()
+        if word == "tensors":
+            raise ValueError("TENSORS is not implemented: shmserve traces timestamps only "
+                             "(TIMESTAMPS)")
+        if word not in _LEVEL_OFF + _LEVEL_TIMESTAMPS:
+            raise ValueError(f"unknown level {value!r} (known: OFF, TIMESTAMPS)")
+    if not values or any(v.lower() in _LEVEL_OFF for v in values):
+        return "OFF"
+    return "TIMESTAMPS"
+
+
 def _int(given: tuple[str, str], least: int, what: str) -> int:
     label, value = given
     try:
@@ -217,10 +232,21 @@ class Sampler:
     the coordinator keeps the count exact for the whole server."""
 
     def __init__(self, boot: dict, model_id: int):
-        self.fd, self.rate, self.left = boot["fd"], boot["rate"], boot["count"]
+        self.fd = boot["fd"]
         self.model_id = model_id
-        self.until = self.rate if self.left != 0 else NEVER  # requests to the next trace
         self.dropped = 0
+        self.apply(boot)
+
+    def apply(self, trace: dict) -> None:
+        """The trace settings (level, rate, count) as they are now (server/settings.py:
+        the trace extension changes them); counting starts again."""
+        self.rate = trace["rate"]
+        self.left = trace["count"] if trace["level"] != "OFF" else 0
+        self.until = self.rate if self.left != 0 else NEVER  # requests to the next trace
+
+    @property
+    def enabled(self) -> bool:
+        return self.left != 0
 
     def sample(self, live: list) -> list | None:
         """The stamps of the batch's requests to trace, or None (most batches: one
@@ -323,6 +349,12 @@ class TritonTraceFile:
         except OSError as e:
             self.fail(e)
 
+    def set_log_frequency(self, n: int) -> None:
+        """From now on a new file every n traces (0: one file): what is pending or open
+        is finished first, as at stop."""
+        self.close()
+        self.file, self.log_frequency = None, n
+
     def save_indexed(self) -> None:
         with open(f"{self.path}.{self.index}", "w") as f:
             f.write("[" + ",".join(self.pending) + "]")
@@ -360,13 +392,11 @@ class TraceSink:
     def __init__(self, cfg: TraceConfig, models: dict[int, tuple[str, int]], exporter=None):
         self.cfg, self.models = cfg, models
         self.traced = 0
+        self.counted_from = 0  # traces written before the count last changed
         self.buffer = b""
-        if cfg.mode == "triton":
-            self.out = TritonTraceFile(cfg.file, cfg.log_frequency)
-        else:
-            from .tracing_otel import OpenTelemetrySpans
-
-            self.out = OpenTelemetrySpans(cfg, exporter)
+        self.exporter = exporter
+        self.out = None  # made when tracing is first on (the trace extension may turn it on)
+        self.output()
         # Non-blocking both ends: the loop reads until EAGAIN; a worker never waits.
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         try:  # room for bursts (up to the system's pipe-max-size)
@@ -374,9 +404,32 @@ class TraceSink:
         except OSError:
             pass
 
+    def output(self):
+        if self.out is None and self.cfg.enabled:
+            if self.cfg.mode == "triton":
+                self.out = TritonTraceFile(self.cfg.file, self.cfg.log_frequency)
+            else:
+                from .tracing_otel import OpenTelemetrySpans
+
+                self.out = OpenTelemetrySpans(self.cfg, self.exporter)
+        return self.out
+
     def worker_boot(self) -> dict:
         """What a worker's boot message carries; the fd is passed to it (pass_fds)."""
-        return {"fd": self.write_fd, "rate": self.cfg.rate, "count": self.cfg.count}
+        return {"fd": self.write_fd, "rate": self.cfg.rate, "count": self.cfg.count,
+                "level": self.cfg.level}
+
+    def apply(self, trace: dict) -> None:
+        """The trace extension's change (server/settings.py): level, rate, count (counted
+        again from now, as the workers do) and log_frequency; file and mode are fixed."""
+        self.on_readable()  # what the workers sent before the change counts as before
+        cfg = self.cfg
+        cfg.level, cfg.rate, cfg.count = trace["level"], trace["rate"], trace["count"]
+        self.counted_from = self.traced
+        self.output()
+        if isinstance(self.out, TritonTraceFile) and trace["log_frequency"] != cfg.log_frequency:
+            self.out.set_log_frequency(trace["log_frequency"])
+        cfg.log_frequency = trace["log_frequency"]
 
     def on_readable(self) -> None:
         while True:
@@ -389,7 +442,8 @@ class TraceSink:
             *lines, self.buffer = (self.buffer + data).split(b"\n")
             for line in lines:
                 self.record(line)
-        self.out.flush()
+        if self.out is not None:
+            self.out.flush()
 
     def record(self, line: bytes) -> None:
         try:
@@ -399,7 +453,9 @@ class TraceSink:
         except (ValueError, TypeError, IndexError, KeyError):
             log.warning("malformed trace record %r", line[:200])
             return
-        if 0 <= self.cfg.count <= self.traced:  # the workers count each for itself
+        if 0 <= self.cfg.count <= self.traced - self.counted_from:  # workers count each for itself
+            return
+        if self.out is None:  # sent before tracing was turned off and on again
             return
         self.traced += 1
         self.out.add(self.traced, name, version, stamps)
@@ -407,23 +463,27 @@ class TraceSink:
     def close(self) -> None:
         try:
             self.on_readable()
-            self.out.close()
+            if self.out is not None:
+                self.out.close()
         finally:
             os.close(self.read_fd)
             os.close(self.write_fd)
+        if not self.traced and not self.cfg.enabled:
+            return
         log.info("traces: %d written%s", self.traced,
                  f" to {self.cfg.file}" if self.cfg.mode == "triton" else
                  " as OpenTelemetry spans")
 
 
-def start_tracing(cfg: TraceConfig | None, models: dict[int, tuple[str, int]]) -> TraceSink | None:
-    """The coordinator's sink, or None when tracing is off; logs unused settings."""
+def start_tracing(cfg: TraceConfig | None, models: dict[int, tuple[str, int]]) -> TraceSink:
+    """The coordinator's sink (also while tracing is off: the trace extension may turn
+    it on); logs unused settings."""
     if cfg is None:
-        return None
+        cfg = TraceConfig()
     for note in cfg.notes:
         log.warning("%s", note)
     if not cfg.enabled:
-        return None
+        return TraceSink(cfg, models)
     where = (f"file {cfg.file}" + (f" (a new file every {cfg.log_frequency} traces)"
                                    if cfg.log_frequency else "")
              if cfg.mode == "triton" else f"OpenTelemetry, {cfg.otel_url}")

@@ -29,6 +29,7 @@ from .response_cache import ResponseCache
 from .devices import CPU
 from .maps import ServerMaps, child_setup
 from .sequence_io import SequenceError, SequenceIO
+from . import settings
 from .tracing import Sampler
 
 L = LAYOUT
@@ -78,6 +79,7 @@ class Worker:
         self.stopping = False  # set by SIGTERM: leave serve_forever after the batch in hand
         # --trace-config: None when tracing is off, so run_batch does not even look
         self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
+        self.trace_update = None  # changed trace settings, applied between batches
         self.per_request = False  # Triton's python API: execute_requests()
         # The common path's per-request work in C (_core.Batch, batch.c); BYTES tensors,
         # the per-request API and traces take the Python path (run_batch).
@@ -95,6 +97,24 @@ class Worker:
         # response_cache with --cache-config: this instance's share (response_cache.py)
         cache_bytes = boot.get("cache_bytes", 0) if self.spec.response_cache else 0
         self.cache = ResponseCache(cache_bytes, self.spec.name, self.spec.version) if cache_bytes else None
+
+    def fast_path(self) -> bool:
+        """Whether batches can take the C path (run_fast): nothing per request to do."""
+        return (not self.reads_parameters and not (self.tracer and self.tracer.enabled)
+                and self.sequences is None and self.cache is None and not self.ragged and
+                all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
+
+    def on_settings(self, settings: dict) -> None:
+        """The settings watcher's (another thread): the trace settings are applied by
+        serve_forever between batches."""
+        self.trace_update = settings["trace"]
+
+    def apply_trace_update(self) -> None:
+        trace, self.trace_update = self.trace_update, None
+        if self.tracer is not None:
+            self.tracer.apply(trace)
+            if self.backend is not None:
+                self.fast = self.fast_path()
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
@@ -116,9 +136,7 @@ class Worker:
                         "with Triton's per-request API yet; its requests always execute",
                         self.spec.name)
             self.cache = None
-        self.fast = (not self.reads_parameters and self.tracer is None and self.sequences is None and
-                     self.cache is None and not self.ragged and
-                     all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
+        self.fast = self.fast_path()
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
         # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
@@ -154,6 +172,8 @@ class Worker:
         spin = self.maps.spin
         dropped_at = time.monotonic_ns()
         while not self.stopping:
+            if self.trace_update is not None:
+                self.apply_trace_update()
             # SYNC POINT: waits for the batcher's store of ASSIGNED (+ wake) in dispatch().
             started = time.monotonic_ns()
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
@@ -660,6 +680,7 @@ def main() -> None:
     capture_model_output(f"model '{model['name']}' version {model['version']} "
                          f"instance {boot['instance']}")
     worker = Worker(boot)
+    settings.on_change(worker.on_settings)
     try:
         worker.load()
     except Exception as e:
