@@ -131,29 +131,25 @@ class Backend:
         return self.model.execute(inputs, requests)
 
     # -- Triton's API: a list of requests, a response each ------------------------------------
-    def execute_requests(self, requests: list[tuple[list, list]]) -> list:
-        """requests: per request, ([(input name, array view)], requested output names,
-        parameters dict). Returns per request {output name: array}, or (status, message)
-        for an error."""
+    def execute_requests(self, requests) -> list:
+        """requests: per request, (its inputs as (name, array view) pairs, its requested
+        output names, its parameters dict). Returns per request {output name: array}, or
+        (status, message) for an error."""
         reqs = []
-        for inputs, requested, parameters in requests:  # loops: fewer calls per request
-            reqs.append(incoming([wrap(n, a) for n, a in inputs], requested, parameters))
+        for inputs, requested, parameters in requests:  # loops, not comprehensions: cheaper
+            by_name = {}
+            for name, array in inputs:
+                by_name[name] = wrap(name, array)
+            reqs.append(incoming(by_name, requested, parameters))
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:
             responses = self.model.execute(reqs)
-        if not isinstance(responses, (list, tuple)) or len(responses) != len(reqs):
-            what = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) \
-                else f"a {type(responses).__name__}"
-            msg = (f"model '{self.spec.name}': execute() returned {what} for {len(reqs)} "
-                   "requests; Triton's python API (the model imports triton_python_backend_utils"
-                   ") wants a list of one pb_utils.InferenceResponse per request")
-            if isinstance(responses, dict):
-                msg += (f" (a numpy-dict model sets parameters \"{API_PARAMETER}\" to "
-                        f"\"{NUMPY_API}\")")
-            return [(Status.INTERNAL, msg)] * len(reqs)
+        if type(responses) is not list and not isinstance(responses, (list, tuple)) or \
+                len(responses) != len(reqs):
+            return [(Status.INTERNAL, self._not_one_each(responses, len(reqs)))] * len(reqs)
         results = []
-        for response in responses:
+        for response in responses:  # the common case in a few type checks, no calls
             if type(response) is _InferenceResponse and response._error is None:
                 outputs = {}
                 for t in response._outputs:
@@ -165,6 +161,17 @@ class Backend:
                     continue
             results.append(self._refused(len(results), response))
         return results
+
+    def _not_one_each(self, responses, n: int) -> str:
+        what = f"{len(responses)} responses" if isinstance(responses, (list, tuple)) \
+            else f"a {type(responses).__name__}"
+        msg = (f"model '{self.spec.name}': execute() returned {what} for {n} "
+               "requests; Triton's python API (the model imports triton_python_backend_utils"
+               ") wants a list of one pb_utils.InferenceResponse per request")
+        if isinstance(responses, dict):
+            msg += (f" (a numpy-dict model sets parameters \"{API_PARAMETER}\" to "
+                    f"\"{NUMPY_API}\")")
+        return msg
 
     def _refused(self, i: int, response) -> tuple:
         """(status, message) for the response to request i: its error, or why it is none."""

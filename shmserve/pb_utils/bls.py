@@ -80,7 +80,7 @@ def _timeout_s(request) -> float:
 
 
 def _send_args(request) -> tuple:
-    inputs = {t._name: t._array for t in request._inputs}
+    inputs = {t._name: t._array for t in request.inputs()}
     version = request._model_version if request._model_version > 0 else None
     return request._model_name, inputs, request._requested or None, version
 

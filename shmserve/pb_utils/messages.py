@@ -27,8 +27,10 @@ class InferenceRequest:
     """pb_utils.InferenceRequest(model_name=..., inputs=[Tensor...],
     requested_output_names=[...], model_version=-1, ...).exec()"""
 
-    __slots__ = ("_model_name", "_inputs", "_requested", "_model_version", "_request_id",
-                 "_correlation_id", "_flags", "_timeout_us", "_parameters")
+    # A request execute() receives holds _by_name, {input name: Tensor}: one lookup for
+    # get_input_tensor_by_name; one a model builds holds _inputs, the list it was given.
+    __slots__ = ("_model_name", "_inputs", "_by_name", "_requested", "_model_version",
+                 "_request_id", "_correlation_id", "_flags", "_timeout_us", "_parameters")
 
     def __init__(self, model_name: str = "", inputs=(), requested_output_names=(),
                  model_version: int = -1, request_id: str = "", correlation_id=0,
@@ -69,6 +71,7 @@ class InferenceRequest:
                                            "request tracing")
         self._model_name = model_name
         self._inputs = inputs
+        self._by_name = None
         self._requested = list(requested_output_names)
         self._model_version = int(model_version)
         self._request_id = str(request_id)
@@ -79,10 +82,10 @@ class InferenceRequest:
 
     # -- what a request holds -----------------------------------------------------
     def inputs(self) -> list:
-        return self._inputs
+        return self._inputs if self._by_name is None else list(self._by_name.values())
 
     def requested_output_names(self) -> list:
-        return self._requested
+        return list(self._requested)  # the worker's may be a shared tuple: a list to keep
 
     def request_id(self) -> str:
         return self._request_id
@@ -134,12 +137,13 @@ class InferenceRequest:
         return await bls.execute_async(self)
 
 
-def incoming(inputs: list, requested: list, parameters: dict) -> InferenceRequest:
-    """A request execute() receives (no checks: the batcher validated it)."""
+def incoming(by_name: dict, requested, parameters: dict) -> InferenceRequest:
+    """A request execute() receives (no checks: the batcher validated it). by_name:
+    {input name: Tensor}; requested: the output names (a list or tuple, not changed)."""
     r = _new(InferenceRequest)
-    r._model_name, r._inputs, r._requested, r._model_version = "", inputs, requested, -1
-    r._request_id, r._correlation_id, r._flags, r._timeout_us = "", 0, 0, 0
-    r._parameters = parameters
+    r._by_name, r._inputs, r._requested, r._parameters = by_name, None, requested, parameters
+    r._model_name, r._model_version, r._request_id = "", -1, ""
+    r._correlation_id, r._flags, r._timeout_us = 0, 0, 0
     return r
 
 
@@ -152,20 +156,9 @@ class InferenceResponse:
     __slots__ = ("_outputs", "_error")
 
     def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
-        if output_tensors is None:
-            output_tensors = []
-        elif type(output_tensors) is not list:
-            if not isinstance(output_tensors, (list, tuple)):
-                raise TritonModelException("pb_utils.InferenceResponse: output_tensors must be a "
-                                           f"list of pb_utils.Tensor, got "
-                                           f"{type(output_tensors).__name__}")
-            output_tensors = list(output_tensors)
-        if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException("pb_utils.InferenceResponse: error must be a "
-                                       f"pb_utils.TritonError, got {type(error).__name__}")
-        if parameters:
-            raise NotImplementedByShmserve("pb_utils.InferenceResponse(parameters=...)",
-                                           "shmserve's protocol carries no response parameters")
+        # once per request: the common case (a list, no error) in one line of checks
+        if type(output_tensors) is not list or error is not None or parameters:
+            output_tensors = _checked_response(output_tensors, error, parameters)
         self._outputs = output_tensors
         self._error = error
 
@@ -187,10 +180,35 @@ class InferenceResponse:
         return f"InferenceResponse({self._outputs!r})"
 
 
+def _checked_response(output_tensors, error, parameters) -> list:
+    """InferenceResponse's arguments checked; returns its list of output tensors."""
+    if output_tensors is None:
+        output_tensors = []
+    elif type(output_tensors) is not list:
+        if not isinstance(output_tensors, (list, tuple)):
+            raise TritonModelException("pb_utils.InferenceResponse: output_tensors must be a "
+                                       f"list of pb_utils.Tensor, got "
+                                       f"{type(output_tensors).__name__}")
+        output_tensors = list(output_tensors)
+    if error is not None and not isinstance(error, TritonError):
+        raise TritonModelException("pb_utils.InferenceResponse: error must be a "
+                                   f"pb_utils.TritonError, got {type(error).__name__}")
+    if parameters:
+        raise NotImplementedByShmserve("pb_utils.InferenceResponse(parameters=...)",
+                                       "shmserve's protocol carries no response parameters")
+    return output_tensors
+
+
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
     """The request's input Tensor called `name`, or None."""
+    try:
+        by_name = inference_request._by_name
+    except AttributeError:  # not a pb_utils.InferenceRequest: any object with inputs()
+        by_name = None
+    if by_name is not None:
+        return by_name.get(name)
     for tensor in inference_request.inputs():
-        if tensor._name == name:
+        if tensor.name() == name:
             return tensor
     return None
 

@@ -22,16 +22,13 @@ class Tensor:
     __slots__ = ("_name", "_array")
 
     def __init__(self, name: str, numpy_array):
-        if not isinstance(name, str):
-            raise TritonModelException(f"pb_utils.Tensor: name must be a str, got "
-                                       f"{type(name).__name__}")
-        array = numpy_array if type(numpy_array) is np.ndarray else np.asarray(numpy_array)
-        if array.dtype.kind in "UV":  # as Triton: strings travel as object (bytes) arrays
-            raise TritonModelException(
-                f"pb_utils.Tensor '{name}': numpy dtype {array.dtype} is not supported by the "
-                "python backend; use np.object_ (bytes or str elements) for BYTES tensors")
+        # once per output of every request: the common case in two checks
+        if type(numpy_array) is not _ndarray:
+            numpy_array = np.asarray(numpy_array)
+        if type(name) is not str or numpy_array.dtype.kind in "UV":
+            _refuse(name, numpy_array)
         self._name = name
-        self._array = array
+        self._array = numpy_array
 
     def name(self) -> str:
         return self._name
@@ -78,6 +75,20 @@ class Tensor:
 
     def __repr__(self) -> str:
         return f"pb_utils.Tensor({self._name!r}, {self._array.dtype}{list(self._array.shape)})"
+
+
+_ndarray = np.ndarray
+
+
+def _refuse(name, array: np.ndarray) -> None:
+    """Raises why Tensor(name, array) is refused (a str subclass name is fine)."""
+    if not isinstance(name, str):
+        raise TritonModelException(f"pb_utils.Tensor: name must be a str, got "
+                                   f"{type(name).__name__}")
+    if array.dtype.kind in "UV":  # as Triton: strings travel as object (bytes) arrays
+        raise TritonModelException(
+            f"pb_utils.Tensor '{name}': numpy dtype {array.dtype} is not supported by the "
+            "python backend; use np.object_ (bytes or str elements) for BYTES tensors")
 
 
 def wrap(name: str, array: np.ndarray) -> Tensor:

@@ -34,6 +34,9 @@ from .tracing import Sampler
 
 L = LAYOUT
 BYTES = DataType.BYTES
+_SHADOW_REQUEST = L["shadow.request"]
+_N_OUTPUTS, _PARAMETERS_BYTES = L["request.n_outputs"], L["request.parameters_bytes"]
+_NO_PARAMETERS: dict = {}  # never written: InferenceRequest.parameters() only reads it
 log = logging.getLogger("shmserve.worker")
 
 
@@ -85,7 +88,7 @@ class Worker:
         # the per-request API and traces take the Python path (run_batch).
         self.batch = _core.Batch(self.maps.srv, self.model_off, self.mailbox)
         self.in_dtypes = [None if t.dtype == BYTES else numpy_dtype(t.dtype) for t in self.spec.inputs]
-        self.fast = False  # set by load(): it depends on the backend
+        self.fast = self.fast_requests = False  # set by load(): they depend on the backend
         # sequence_batching: control tensors and implicit state (sequence_io.py)
         self.sequences = SequenceIO(self.spec) if self.spec.sequence is not None else None
         # preserve_ordering: answers wait for the batches handed out before (maps.py);
@@ -98,11 +101,15 @@ class Worker:
         cache_bytes = boot.get("cache_bytes", 0) if self.spec.response_cache else 0
         self.cache = ResponseCache(cache_bytes, self.spec.name, self.spec.version) if cache_bytes else None
 
-    def fast_path(self) -> bool:
-        """Whether batches can take the C path (run_fast): nothing per request to do."""
-        return (not self.reads_parameters and not (self.tracer and self.tracer.enabled)
-                and self.sequences is None and self.cache is None and not self.ragged and
-                all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
+    def set_fast_path(self) -> None:
+        """Whether batches can take the C path (run_fast): nothing per request to do.
+        Triton's API takes it too for a batch of one request that asks for every output
+        and carries no parameters (run_mailbox looks): its inputs are views then."""
+        common = (not (self.tracer and self.tracer.enabled) and self.sequences is None
+                  and self.cache is None and not self.ragged and
+                  all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
+        self.fast = common and not self.reads_parameters
+        self.fast_requests = common and self.per_request
 
     def on_settings(self, settings: dict) -> None:
         """The settings watcher's (another thread): the trace settings are applied by
@@ -114,7 +121,7 @@ class Worker:
         if self.tracer is not None:
             self.tracer.apply(trace)
             if self.backend is not None:
-                self.fast = self.fast_path()
+                self.set_fast_path()
 
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
@@ -136,7 +143,8 @@ class Worker:
                         "with Triton's per-request API yet; its requests always execute",
                         self.spec.name)
             self.cache = None
-        self.fast = self.fast_path()
+        self.output_names = tuple(t.name for t in self.spec.outputs)
+        self.set_fast_path()
         warmup.run(self.spec, self.warm)  # Triton's model_warmup: before any request
         self.take_over_orphaned_batch()
         # SYNC POINT: the seq_cst store of our pid pairs with the batcher's load of
@@ -198,6 +206,8 @@ class Worker:
         srv = self.maps.srv
         if self.fast and not again:
             self.run_fast()
+        elif self.fast_requests and not again and self.one_plain_request():
+            self.run_fast()
         else:
             self.run_batch(srv.mailbox_batch(self.mailbox), again)
         if self.ordered:  # a batch that answered nobody (callers gone) ends its turn too
@@ -207,6 +217,17 @@ class Worker:
         # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
         # mailbox state in dispatch(); serve_forever then reads batcher_waiting.
         srv.store32(self.mailbox + L["mailbox.state"], MailboxState.IDLE)
+
+    def one_plain_request(self) -> bool:
+        """Whether the mailbox holds one request, asking for every output, without
+        parameters: Triton's API runs it on the C path (run_fast)."""
+        shadows = self.maps.srv.mailbox_batch(self.mailbox)
+        if len(shadows) != 1:
+            return False
+        at = self.maps.layout.shadow_at(shadows[0]) + _SHADOW_REQUEST
+        load = self.maps.srv.load32
+        return (load(at + _N_OUTPUTS) == len(self.output_names)  # no output named twice
+                and not load(at + _PARAMETERS_BYTES))
 
     def run_fast(self) -> None:
         """The common path: the batch's bookkeeping in four kinds of C calls (begin,
@@ -220,8 +241,11 @@ class Worker:
         if not len(batch):
             return
         t_input = time.monotonic_ns()
-        status, msg, outputs, t_infer, t_output = self.execute_timed(
-            lambda: self.batch_inputs(batch), batch.rows)
+        if self.per_request:
+            status, msg, outputs, t_infer, t_output = self.execute_one_request(batch)
+        else:
+            status, msg, outputs, t_infer, t_output = self.execute_timed(
+                lambda: self.batch_inputs(batch), batch.rows)
         if outputs is not None:
             try:
                 for k, spec in enumerate(self.spec.outputs):
@@ -232,6 +256,29 @@ class Worker:
         batch.finish(int(status), _clip(msg), t_input, t_infer, t_output)
         if ticket:
             self.maps.end_answer_turn(self.model_id, ticket)
+
+    def execute_one_request(self, batch):
+        """execute_requests for run_fast's one request (one_plain_request): its inputs
+        view its caller's arena, every output is requested, no parameters. Returns as
+        execute_timed does."""
+        t_infer = t_output = outputs = None
+        try:
+            inputs = self.batch_inputs(batch)
+            t_infer = time.monotonic_ns()
+            (result,) = self.backend.execute_requests(
+                [(list(inputs.items()), self.output_names, _NO_PARAMETERS)])
+            t_output = time.monotonic_ns()
+            if type(result) is tuple:  # (status, message): the request's error
+                status, msg = result
+            else:
+                outputs = self.check_outputs(result, batch.rows)
+                status, msg = Status.OK, ""
+        except BatchError as e:
+            status, msg, outputs = e.status, str(e), None
+        except Exception as e:  # the model raised: the request hears why
+            status, msg, outputs = Status.INTERNAL, self.raised(e), None
+        return (status, msg, outputs, t_infer or time.monotonic_ns(),
+                t_output or time.monotonic_ns())
 
     def batch_inputs(self, batch) -> dict:
         """The inputs of the batch in hand (csrc/batch.c), in the model's shapes."""
