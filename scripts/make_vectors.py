@@ -80,6 +80,33 @@ def request_string_id(sequence_id: str, sequence_id_offset: int, sequence_start:
     return bytes(slot[base:base + L["request.size"]])
 
 
+def request_stream() -> bytes:
+    """request_simple with the STREAM flag: the caller takes several responses."""
+    base = L["slot.request"]
+    slot = _request_slot(L["REQUEST_STREAM"])
+    return bytes(slot[base:base + L["request.size"]])
+
+
+def slot_response(status: int, index: int, results: list) -> bytes:
+    """A slot of a STREAM request after the worker published response `index`
+    (shms_slot_respond): its first 16 bytes (state RESPONSE, generation, status,
+    n_results), results[0..n_results), then response_index, response_flags, cancel and
+    stream_sleeping (16 bytes). The timestamps and the error text are left out."""
+    at = L["arena.size"]  # a slot after an arena header, as the server writes it
+    buf = bytearray(at + L["slot.size"])
+    ops = _core.Mapping(buf)
+    ops.write_request(at, 1, 2, SIMPLE_INPUTS, SIMPLE_OUTPUTS, L["REQUEST_STREAM"])
+    ops.store32(at + L["slot.state"], P.SlotState.QUEUED)  # as the batcher's take leaves it
+    assert ops.set_running(at, 1)
+    refs = [tuple(r[:4]) + (tuple(r[4]),) for r in results]
+    assert ops.respond(at, 1, status, "", refs, index)
+    slot = buf[at:at + L["slot.size"]]
+    res = L["slot.results"]
+    words = L["slot.response_index"]
+    return (bytes(slot[:16]) + bytes(slot[res:res + len(results) * L["tensor_ref.size"]])
+            + bytes(slot[words:words + 16]))
+
+
 def claim_word(owner: int, pos: int) -> bytes:
     # CLAIM(owner, pos), docs/protocol.md section 5; little-endian u64 as in the cell.
     return struct.pack("<Q", (1 << 63) | ((owner & 0x7FFFFFFF) << 32) | (pos & 0xFFFFFFFF))
@@ -131,6 +158,13 @@ SPECS = {
                           request_string_id,
                           {"sequence_id": "seq-7", "sequence_id_offset": 0x28100,
                            "sequence_start": True}),
+    "request_stream": ("request_simple with flags STREAM (0x4): a stream request "
+                       "(docs/protocol.md section 6a)", request_stream, {}),
+    "slot_response": ("a STREAM slot after response 2 (OK) was published: state RESPONSE (5), "
+                      "generation 1, status, n_results 1, results[0] = OUTPUT0 INT32 [1, 16] "
+                      "at 0x28080 (64 bytes), then response_index 2, response_flags 0, "
+                      "cancel 0, stream_sleeping 0", slot_response,
+                      {"status": 0, "index": 2, "results": [[0, 8, 0x28080, 64, [1, 16]]]}),
     "claim_word": ("ring cell seq while claimed: CLAIM(owner 3, pos 4097), u64 little-endian",
                    claim_word, {"owner": 3, "pos": 4097}),
     "ring_cell_after_push": ("32-byte ring cell, then enqueue_pos (u64), after push(owner 3, slot 5, "

@@ -697,8 +697,8 @@ def test_bls_errors_are_returned_not_raised(client):
 # ---------------------------------------------------------------- what is not implemented
 def test_unimplemented_api_raises_naming_it(client):
     with pytest.raises(shmserve.InternalError,
-                       match=r"model 'unsupported_exec' raised NotImplementedByShmserve: "
-                             r"request\.get_response_sender\(\) is not implemented by shmserve"):
+                       match=r"model 'unsupported_exec' raised TritonModelException: "
+                             r"request\.get_response_sender\(\): the model is not decoupled"):
         client.infer("unsupported_exec", {"INPUT0": np.ones(1, np.float32)})
     [meta] = [m for m in client.models() if m["name"] == "unsupported_init"]
     assert meta["state"].startswith("UNAVAILABLE"), meta

@@ -18,13 +18,21 @@ def model(tmp_path, extra: str = "", dims=(-1,)):
                                                     dynamic_batching=dynamic), IDENTITY_CODE)
 
 
-@pytest.mark.parametrize("extra, named", [
-    ("model_transaction_policy { decoupled: true }", "decoupled"),
-])
-def test_fields_that_change_results_are_refused(tmp_path, extra, named):
-    with pytest.raises(ConfigError, match=named) as e:
-        load_model(model(tmp_path, extra))
-    assert "config.pbtxt" in str(e.value) and "not implemented" in str(e.value)
+def test_decoupled_python_models_load(tmp_path):
+    """model_transaction_policy decoupled is implemented for python models
+    (tests/test_decoupled.py serves them)."""
+    (spec,) = load_model(model(tmp_path, "model_transaction_policy { decoupled: true }"))
+    assert spec.decoupled
+
+
+def test_decoupled_is_refused_for_other_backends_naming_it(tmp_path):
+    config = python_config("m", "FP32", (-1,), extra="model_transaction_policy { decoupled: true }")
+    model_dir = write_model(tmp_path, "m", config.replace('backend: "python"',
+                                                          'backend: "onnxruntime"'))
+    (model_dir / "1" / "model.onnx").write_bytes(b"")
+    with pytest.raises(ConfigError, match="decoupled is implemented by shmserve for python "
+                                          "models only; this one is a onnxruntime model"):
+        load_model(model_dir)
 
 
 def test_shape_tensors_are_refused(tmp_path):

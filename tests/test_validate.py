@@ -214,17 +214,18 @@ def test_max_batch_size_with_a_fixed_first_dimension(repo, capsys):
 
 
 def test_fields_refused_are_errors_and_fields_ignored_are_warnings(repo, capsys):
-    write_model(repo, "seq", python_config("seq", dynamic_batching=None, extra=(
-        'model_transaction_policy { decoupled: true }\n'
-        "optimization { priority: PRIORITY_MAX }")), IDENTITY_CODE)
+    config = python_config("seq", dims=(4,), dynamic_batching=None, extra=(
+        "optimization { priority: PRIORITY_MAX }")).replace(
+            "dims: [ 4 ] }", "dims: [ 4 ] is_shape_tensor: true }", 1)
+    write_model(repo, "seq", config, IDENTITY_CODE)
     rc, findings = validate(capsys, repo)
     errors = {f["line"]: f for f in findings if f["model"] == "seq" and f["severity"] == "error"}
     # every refused field, though the start stops at the first
-    assert rc == 1 and sorted(errors) == [6], findings
-    assert "decoupled" in errors[6]["message"]
+    assert rc == 1 and sorted(errors) == [4], findings
+    assert "is_shape_tensor" in errors[4]["message"]
     assert all(e["fix"].startswith("remove it") for e in errors.values())
     warning = only(findings, "seq", "warning")
-    assert warning["line"] == 7
+    assert warning["line"] == 6
     assert warning["message"].startswith("optimization priority is not implemented")
     assert warning["fix"].startswith("remove it, or keep it")
 

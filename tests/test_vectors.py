@@ -33,7 +33,7 @@ def test_file_is_exactly_what_the_generator_writes():
 def test_vectors_agree_with_the_worked_example_of_protocol_md():
     """docs/protocol.md 13.1 prints the hello frame and 5 the claim word."""
     assert STORED["hello_frame"]["hex"] == (
-        "0000002b84a26f70a568656c6c6fa776657273696f6e03a3706964cd1092"
+        "0000002b84a26f70a568656c6c6fa776657273696f6e04a3706964cd1092"
         "ab6172656e615f6279746573ce00100000")
     assert int.from_bytes(bytes.fromhex(STORED["claim_word"]["hex"]), "little") == 0x8000000300001001
     req = bytes.fromhex(STORED["request_simple"]["hex"])
@@ -54,6 +54,14 @@ def test_vectors_agree_with_the_worked_example_of_protocol_md():
                           + (5).to_bytes(4, "little") + bytes(4))
     assert sid[64:] == req[64:]
     assert msgpack.unpackb(params) == {"flag": True, "n": 7, "tag": "cpp", "x": 1.5}
+    # section 6a: a stream request is request_simple with flags STREAM (0x4)
+    stream = bytes.fromhex(STORED["request_stream"]["hex"])
+    assert stream[12:16] == (4).to_bytes(4, "little") and stream[16:64] == bytes(48)
+    assert stream[64:] == req[64:]
+    # ... and a published response: state RESPONSE (5), then the stream words
+    resp = bytes.fromhex(STORED["slot_response"]["hex"])
+    assert resp[:16] == bytes.fromhex("05000000" "01000000" "00000000" "01000000")
+    assert resp[16 + 96:] == (2).to_bytes(4, "little") + bytes(12)
 
 
 def test_frames_decode_to_their_params():

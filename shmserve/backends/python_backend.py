@@ -173,6 +173,16 @@ class Backend:
                     f"\"{NUMPY_API}\")")
         return msg
 
+    def execute_decoupled(self, requests: list[tuple]):
+        """A decoupled model's execute (server/stream.py): requests as
+        execute_requests's, each with its ResponseStream last; the model sends through
+        request.get_response_sender(). Returns what execute() returned (None)."""
+        reqs = [incoming({n: wrap(n, a) for n, a in inputs}, requested, parameters, stream)
+                for inputs, requested, parameters, stream in requests]
+        if self._loop is not None:
+            return self._loop.run_until_complete(self.model.execute(reqs))
+        return self.model.execute(reqs)
+
     def _refused(self, i: int, response) -> tuple:
         """(status, message) for the response to request i: its error, or why it is none."""
         if type(response) is not _InferenceResponse:

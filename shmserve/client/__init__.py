@@ -1,2 +1,2 @@
 """The caller's side: a lease on a running server."""
-from .client import Client, InferResult  # noqa: F401
+from .client import Client, InferResult, StreamResponse  # noqa: F401

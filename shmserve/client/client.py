@@ -5,7 +5,11 @@
         print(out["OUTPUT0"])          # a view of shared memory, valid while `out` lives
 
 Three ways to wait, one engine: infer() (blocking), submit() (a Future) and
-infer_async() (asyncio).
+infer_async() (asyncio). A decoupled model (0..n responses per request) is called with
+infer_stream() (an iterator of responses) or infer_stream_async() (an async one):
+
+    for response in c.infer_stream("repeat", {"IN": a}):
+        print(response.index, response["OUT"], response.final)
 """
 from __future__ import annotations
 
@@ -20,9 +24,10 @@ from .. import protocol as P
 from ..segments import DEFAULT_NAME
 from .engine import MAX_SPIN_US, SPIN_US, Engine
 from .request import version_key
-from .result import InferResult
+from .result import InferResult, StreamResponse
+from .stream import AsyncResponseStream, ResponseStream
 
-__all__ = ["Client", "InferResult", "SPIN_US", "MAX_SPIN_US"]
+__all__ = ["Client", "InferResult", "StreamResponse", "ResponseStream", "SPIN_US", "MAX_SPIN_US"]
 
 
 def _options(priority, timeout_us, parameters, sequence_id=0, sequence_start=False,
@@ -183,6 +188,32 @@ class Client:
             model, inputs, outputs, version, copy, priority=priority, timeout_us=timeout_us,
             parameters=parameters, sequence_id=sequence_id, sequence_start=sequence_start,
             sequence_end=sequence_end))
+
+    def infer_stream(self, model: str, inputs, outputs=None, version: int | None = None,
+                     timeout: float | None = None, *, output_bytes: int = 0, priority: int = 0,
+                     timeout_us: int = 0, parameters=None, sequence_id: int | str = 0,
+                     sequence_start: bool = False, sequence_end: bool = False) -> ResponseStream:
+        """Sends one request and returns an iterator of its responses (StreamResponse:
+        outputs by name, copied; .index; .final; .error for an error response the model
+        sent). A decoupled model (model_transaction_policy decoupled) sends 0..n
+        responses; any other model one. The iteration ends after the final response;
+        an error of the request itself (refused, the model raised, its worker died)
+        is raised. Closing the iterator early (close(), cancel(), a `with` block, or
+        dropping it) cancels the request: the model's is_cancelled() turns True.
+        timeout (seconds): the longest wait for each response. output_bytes: the size of
+        each output buffer whose shape the config leaves open (default: as infer's
+        guess, the inputs' size; a response that does not fit is an OUTPUT_TOO_SMALL
+        error response). Request options as infer()'s."""
+        return self.engine.stream(model, inputs, outputs, version, timeout,
+                                  _options(priority, timeout_us, parameters, sequence_id,
+                                           sequence_start, sequence_end), output_bytes)
+
+    def infer_stream_async(self, model: str, inputs, outputs=None, version: int | None = None,
+                           timeout: float | None = None, **kwargs) -> AsyncResponseStream:
+        """infer_stream() as an async iterator: `async for response in
+        client.infer_stream_async(...)`. Keyword options as infer_stream()'s."""
+        return AsyncResponseStream(self.infer_stream(model, inputs, outputs, version, timeout,
+                                                     **kwargs))
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -33,6 +33,7 @@ from ..segments import DEFAULT_NAME, Segment, pid_alive, socket_path
 from .arena import ArenaAllocator, ArenaFull
 from .request import _DTYPE_CODE, Plan, Request, sources, version_key, wanted
 from .result import InferResult
+from .stream import EMPTY, ResponseStream
 
 _BYTES = P.DataType.BYTES
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
@@ -256,6 +257,60 @@ class Engine:
         self.ensure_poller()
         return req.future
 
+    # -- streams (stream.py): several responses to one request ----------------------
+    def stream(self, model, inputs, outputs, version, timeout, options: tuple | None,
+               output_bytes: int = 0) -> ResponseStream:
+        """Sends one STREAM request (Client.infer_stream) on the Python path; its
+        responses are read by the returned iterator. output_bytes: each output buffer's
+        size where the config leaves it open (default: as infer's guess)."""
+        flags, *rest = options if options is not None else (0, 0, 0, None, 0)
+        options = (flags | P.STREAM, *rest)
+        needed = None
+        if output_bytes:
+            plan = self.plan(model, version)
+            needed = {index: int(output_bytes) for index, _, _, dims in wanted(plan, outputs)
+                      if dims is None}
+        req = self.start(model, inputs, outputs, version, True, False, options, needed=needed)
+        return ResponseStream(self, req, timeout)
+
+    def wait_stream(self, req: Request, slot_off: int, timeout: float | None) -> tuple:
+        """The next response of a stream: (status, message, results, stamps, index,
+        final, empty). A RESPONSE is the caller's to hand back once read; the final one
+        (DONE) leaves the slot FREE and the block the caller's to free."""
+        started = self._now()
+        deadline = None if timeout is None else started + int(timeout * 1e9)
+        spin, ops = self._core.spin_budget(), self._ops
+        while True:
+            seen = ops.load32(L["arena.completions"])
+            got = ops.read_response(slot_off)
+            if got is not None:
+                self._core.spin_record(self._now() - started)
+                return (*got, False, False)
+            if self._core.claim(req.slot, req):
+                index = ops.load32(slot_off + L["slot.response_index"])
+                flags = ops.load32(slot_off + L["slot.response_flags"])
+                status, message, results, stamps = self._core.finish(
+                    req.slot, req.block, req.block_bytes, None, True)
+                return status, message, results, stamps, index, True, bool(flags & EMPTY)
+            slice_ns = WAIT_SLICE_NS
+            if deadline is not None:
+                left = deadline - self._now()
+                if left <= 0:
+                    raise errors.ServerTimeoutError(
+                        f"model '{req.plan.name}': no response within {timeout} s")
+                slice_ns = min(slice_ns, left)
+            # SYNC POINT: woken by the worker's doorbell_ring on arena.completions, rung
+            # for every RESPONSE as for DONE.
+            if not ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen, spin,
+                                     slice_ns):
+                self.check_server()
+
+    def cancel_stream(self, req: Request, slot_off: int) -> None:
+        """The caller stopped reading a stream: the model is asked to stop; slot and
+        block come back with its final response (reap)."""
+        self._ops.cancel(slot_off)
+        self._core.abandon(req.slot, req.block, req.block_bytes)
+
     @property
     def counters(self) -> dict:
         """For tests and debugging: requests each path took a slot for so far, the C
@@ -275,7 +330,8 @@ class Engine:
 
     def start(self, model, inputs, outputs, version, copy: bool, with_future: bool,
               options: tuple | None = None,
-              future: concurrent.futures.Future | None = None) -> Request:
+              future: concurrent.futures.Future | None = None, needed: dict | None = None
+              ) -> Request:
         if self._closed:
             raise errors.ServerDeadError("client is closed")
         if self._ctl.load32(L["control.server_state"]) == P.ServerState.STOPPED:
@@ -287,7 +343,7 @@ class Engine:
         req.copy, req.retried, req.block, req.options = copy, False, None, options
         req.future = future or (concurrent.futures.Future() if with_future else None)
         req.call = (model, inputs, outputs, version)
-        self._prepare(req, None)
+        self._prepare(req, needed)
         try:
             self._send(req)
         except BaseException:

@@ -47,3 +47,27 @@ class InferResult(collections.abc.Mapping):
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
         return f"InferResult({self.model_name}, {{{inner}}})"
+
+
+class StreamResponse(InferResult):
+    """One response of a stream (Client.infer_stream): its outputs (private copies),
+    `index` (0, 1, ...), `final` (the model sent it with the final flag) and `error`
+    (the error response the model sent, a ShmServeError, or None: reading an output of
+    an error response raises it)."""
+
+    def __init__(self, arrays: dict, timestamps: tuple, model: str, version: int,
+                 index: int, final: bool, error: Exception | None = None):
+        super().__init__(arrays, timestamps, model, version, [])
+        self.index, self.final, self.error = index, final, error
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self.error is not None:
+            raise self.error
+        return self._arrays[name]
+
+    def __repr__(self) -> str:
+        if self.error is not None:
+            return f"StreamResponse({self.model_name} #{self.index}, error={self.error!r})"
+        inner = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self._arrays.items())
+        return (f"StreamResponse({self.model_name} #{self.index}"
+                f"{' final' if self.final else ''}, {{{inner}}})")

@@ -65,7 +65,7 @@ using namespace shms_detail;
 #define SHMS_MAGIC_CONTROL 0x314c5443534d4853ULL /* "SHMSCTL1" little-endian */
 #define SHMS_MAGIC_ARENA 0x314e5241534d4853ULL   /* "SHMSARN1" */
 #define SHMS_MAGIC_SERVER 0x31565253534d4853ULL  /* "SHMSSRV1" */
-#define SHMS_PROTOCOL_VERSION 3u
+#define SHMS_PROTOCOL_VERSION 4u
 
 #define SHMS_MAX_TENSORS 16         /* inputs per request, and outputs per request */
 #define SHMS_MAX_DIMS 8             /* rank of a tensor, batch dimension included */
@@ -85,10 +85,17 @@ using namespace shms_detail;
 #define SHMS_MAX_PARAMETER_BYTES 65536 /* shms_request.parameters_bytes limit (msgpack map) */
 #define SHMS_MAX_SEQUENCE_ID_BYTES 256 /* shms_request.sequence_id_bytes limit (string id) */
 /* shms_request.flags: Triton's request flags (sequence batching reads them; a model
- * without it ignores them). Any other bit is refused. */
+ * without it ignores them), and STREAM: the caller takes several responses in this
+ * slot (docs/protocol.md section 6a; a decoupled model answers only such requests).
+ * Any other bit is refused. */
 #define SHMS_REQUEST_SEQUENCE_START 1u
 #define SHMS_REQUEST_SEQUENCE_END 2u
-#define SHMS_REQUEST_FLAGS_KNOWN (SHMS_REQUEST_SEQUENCE_START | SHMS_REQUEST_SEQUENCE_END)
+#define SHMS_REQUEST_STREAM 4u
+#define SHMS_REQUEST_FLAGS_KNOWN \
+  (SHMS_REQUEST_SEQUENCE_START | SHMS_REQUEST_SEQUENCE_END | SHMS_REQUEST_STREAM)
+/* shms_slot.response_flags, written by the server with each response it publishes. */
+#define SHMS_RESPONSE_FINAL 1u /* the request's last response: the slot is DONE */
+#define SHMS_RESPONSE_EMPTY 2u /* with FINAL: the final flag alone, no response in it */
 
 /* Every constant the other languages need, X(name, value). */
 #define SHMS_CONSTANTS(X)                                                              \
@@ -102,7 +109,9 @@ using namespace shms_detail;
   X(MAX_PARAMETER_BYTES, SHMS_MAX_PARAMETER_BYTES)                                     \
   X(MAX_SEQUENCE_ID_BYTES, SHMS_MAX_SEQUENCE_ID_BYTES)                                 \
   X(REQUEST_SEQUENCE_START, SHMS_REQUEST_SEQUENCE_START)                               \
-  X(REQUEST_SEQUENCE_END, SHMS_REQUEST_SEQUENCE_END)
+  X(REQUEST_SEQUENCE_END, SHMS_REQUEST_SEQUENCE_END)                                   \
+  X(REQUEST_STREAM, SHMS_REQUEST_STREAM) X(RESPONSE_FINAL, SHMS_RESPONSE_FINAL)        \
+  X(RESPONSE_EMPTY, SHMS_RESPONSE_EMPTY)
 
 /* ---------------------------------------------------------------- enums */
 
@@ -136,7 +145,8 @@ using namespace shms_detail;
   X(SHMS_SLOT_SUBMITTED, SUBMITTED, 1) /* [client] written, index pushed on the ring */ \
   X(SHMS_SLOT_QUEUED, QUEUED, 2)       /* [batcher] validated and copied, queued */   \
   X(SHMS_SLOT_RUNNING, RUNNING, 3)     /* [worker] in a batch being executed */       \
-  X(SHMS_SLOT_DONE, DONE, 4)           /* [worker or batcher] status, results final */
+  X(SHMS_SLOT_DONE, DONE, 4)           /* [worker or batcher] status, results final */ \
+  X(SHMS_SLOT_RESPONSE, RESPONSE, 5)   /* [worker] STREAM: one response to read, more to come */
 
 /* Timestamps recorded in shms_slot.t_ns (CLOCK_MONOTONIC, nanoseconds). */
 #define SHMS_TIMESTAMP_LIST(X)                                                        \
@@ -158,7 +168,8 @@ using namespace shms_detail;
   X(SHMS_DUR_COMPUTE_INPUT, COMPUTE_INPUT, 3) X(SHMS_DUR_COMPUTE_INFER, COMPUTE_INFER, 4) \
   X(SHMS_DUR_COMPUTE_OUTPUT, COMPUTE_OUTPUT, 5)                                        \
   X(SHMS_DUR_CACHE_HIT, CACHE_HIT, 6) /* lookup and copy out */                        \
-  X(SHMS_DUR_CACHE_MISS, CACHE_MISS, 7) /* lookup and insert */
+  X(SHMS_DUR_CACHE_MISS, CACHE_MISS, 7) /* lookup and insert */                       \
+  X(SHMS_DUR_FIRST_RESPONSE, FIRST_RESPONSE, 8) /* decoupled: taken to first response */
 
 /* Why a request failed: the `reason` label of nv_inference_request_failure. */
 #define SHMS_FAILURE_LIST(X)                                                          \
@@ -326,7 +337,14 @@ typedef struct shms_slot {
 #endif
   shms_request request;
   shms_tensor_ref results[SHMS_MAX_TENSORS];
-  uint8_t pad[48];
+  /* STREAM requests (docs/protocol.md section 6a). The server writes response_index
+   * and response_flags with every response it publishes (RESPONSE or DONE); the client
+   * zeroes all four at submit and may set cancel while the request is in flight. */
+  uint32_t response_index;                /* 0, 1, ...: which response this is */
+  uint32_t response_flags;                /* SHMS_RESPONSE_FINAL | SHMS_RESPONSE_EMPTY */
+  SHMS_ATOMIC(uint32_t) cancel;           /* client: nonzero asks the model to stop */
+  SHMS_ATOMIC(uint32_t) stream_sleeping;  /* worker: may sleep on state until hand-back */
+  uint8_t pad[32];
 } shms_slot;
 
 typedef struct shms_arena_header {
@@ -473,6 +491,8 @@ SHMS_STATIC_ASSERT(sizeof(shms_slot) == 5056, "shms_slot size");
 SHMS_STATIC_ASSERT(sizeof(shms_slot) % 64 == 0, "slots are cache-line aligned");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, request) == 336, "shms_slot.request offset");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, results) == 3472, "shms_slot.results offset");
+SHMS_STATIC_ASSERT(offsetof(shms_slot, response_index) == 5008, "shms_slot.response_index offset");
+SHMS_STATIC_ASSERT(offsetof(shms_slot, cancel) == 5016, "shms_slot.cancel offset");
 SHMS_STATIC_ASSERT(sizeof(shms_arena_header) == 128, "shms_arena_header size");
 SHMS_STATIC_ASSERT(offsetof(shms_arena_header, completions) == 64, "completions offset");
 SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
@@ -515,6 +535,8 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(slot, shms_slot, state) F(slot, shms_slot, generation) F(slot, shms_slot, status)   \
   F(slot, shms_slot, n_results) F(slot, shms_slot, t_ns) F(slot, shms_slot, error)      \
   F(slot, shms_slot, request) F(slot, shms_slot, results)                               \
+  F(slot, shms_slot, response_index) F(slot, shms_slot, response_flags)                 \
+  F(slot, shms_slot, cancel) F(slot, shms_slot, stream_sleeping)                        \
   S(arena, shms_arena_header)                                                           \
   F(arena, shms_arena_header, magic) F(arena, shms_arena_header, version)               \
   F(arena, shms_arena_header, client_id) F(arena, shms_arena_header, generation)        \

@@ -160,7 +160,7 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
     SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request names no output buffer", model);
   if (r->flags & ~SHMS_REQUEST_FLAGS_KNOWN)
     SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR, "model '%s': request flags 0x%x set unknown bits "
-              "(known: SEQUENCE_START 0x1, SEQUENCE_END 0x2)", model, r->flags);
+              "(known: SEQUENCE_START 0x1, SEQUENCE_END 0x2, STREAM 0x4)", model, r->flags);
   if (r->parameters_bytes > SHMS_MAX_PARAMETER_BYTES)
     SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request parameters hold %u bytes (limit %d)",
               model, r->parameters_bytes, SHMS_MAX_PARAMETER_BYTES);

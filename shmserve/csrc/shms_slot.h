@@ -45,6 +45,10 @@ static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
   s->status = -1;
   s->n_results = 0;
   s->error[0] = 0;
+  s->response_index = 0;
+  s->response_flags = 0;
+  shms_store(&s->cancel, 0u, memory_order_relaxed);
+  shms_store(&s->stream_sleeping, 0u, memory_order_relaxed);
   memset(s->t_ns, 0, sizeof s->t_ns);
   s->t_ns[SHMS_T_CLIENT_WRITE] = t0;
   s->t_ns[SHMS_T_ENQUEUE] = shms_now_ns();
@@ -91,6 +95,8 @@ static inline int shms_slot_withdraw(shms_slot *s) {
 /* A DONE slot's answer as the client reads it: status, message, results. */
 typedef struct shms_answer {
   int32_t status;
+  uint32_t response_index; /* STREAM: which response (0, 1, ...) */
+  uint32_t response_flags; /* SHMS_RESPONSE_FINAL (always, once DONE) | SHMS_RESPONSE_EMPTY */
   uint32_t n_results; /* 0 unless OK or OUTPUT_TOO_SMALL; at most SHMS_MAX_TENSORS */
   const shms_tensor_ref *results;
   char error[SHMS_ERROR_BYTES]; /* NUL-terminated */
@@ -104,9 +110,20 @@ static inline int shms_slot_is_done(shms_slot *s) {
 /* Client: reads a DONE slot's answer; returns 0 if the slot is not DONE yet.
  * SYNC POINT: the acquire load pairs with the release store of DONE in
  * shms_slot_complete. */
+static inline void shms_slot_copy_answer(shms_slot *s, shms_answer *a);
+
 static inline int shms_slot_read_answer(shms_slot *s, shms_answer *a) {
   if (!shms_slot_is_done(s)) return 0;
+  shms_slot_copy_answer(s, a);
+  return 1;
+}
+
+/* The answer (or response) the slot holds now; the caller's acquire load of the state
+ * came first. */
+static inline void shms_slot_copy_answer(shms_slot *s, shms_answer *a) {
   a->status = s->status;
+  a->response_index = s->response_index;
+  a->response_flags = s->response_flags;
   a->n_results = s->status == SHMS_OK || s->status == SHMS_ERR_OUTPUT_TOO_SMALL
                      ? (s->n_results < SHMS_MAX_TENSORS ? s->n_results : SHMS_MAX_TENSORS)
                      : 0;
@@ -114,13 +131,43 @@ static inline int shms_slot_read_answer(shms_slot *s, shms_answer *a) {
   shms_copy_name(a->error, sizeof a->error, s->error, sizeof s->error);
   memcpy(a->t_ns, s->t_ns, sizeof a->t_ns);
   a->t_ns[SHMS_T_CLIENT_WAKE] = shms_now_ns();
-  return 1;
 }
 
 /* Client: gives a slot whose answer it has read back to itself (DONE -> FREE).
  * SYNC POINT: release, so the server's next view of the slot follows our reads. */
 static inline void shms_slot_release(shms_slot *s) {
   shms_store(&s->state, (uint32_t)SHMS_SLOT_FREE, memory_order_release);
+}
+
+/* Client, STREAM: reads a RESPONSE the worker published (returns 0 if the slot holds
+ * none); the caller copies its outputs out, then hands the slot back
+ * (shms_slot_hand_back) so the worker may write the next one.
+ * SYNC POINT: the acquire load pairs with the release store of RESPONSE in
+ * shms_slot_respond. */
+static inline int shms_slot_read_response(shms_slot *s, shms_answer *a) {
+  if (shms_load(&s->state, memory_order_acquire) != SHMS_SLOT_RESPONSE) return 0;
+  shms_slot_copy_answer(s, a);
+  return 1;
+}
+
+/* Client, STREAM: RESPONSE -> RUNNING once the response is read, waking the worker
+ * that waits to write the next. Returns 0 if the slot was not RESPONSE.
+ * SYNC POINT: the CAS (seq_cst) pairs with the worker's doorbell wait on state; the
+ * load of stream_sleeping after it with the worker's store before it sleeps. */
+static inline int shms_slot_hand_back(shms_slot *s) {
+  uint32_t expected = SHMS_SLOT_RESPONSE;
+  if (!shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_RUNNING)) return 0;
+  if (shms_load(&s->stream_sleeping, memory_order_seq_cst)) shms_futex_wake(&s->state, 1);
+  return 1;
+}
+
+/* Client, STREAM: asks the model to stop (its is_cancelled() reads the word) and hands
+ * back a response it will not read. The request stays in flight until its final
+ * response (DONE): the caller keeps slot and buffers until then. */
+static inline void shms_slot_cancel(shms_slot *s) {
+  shms_store(&s->cancel, 1u, memory_order_seq_cst);
+  if (!shms_slot_hand_back(s) && shms_load(&s->stream_sleeping, memory_order_seq_cst))
+    shms_futex_wake(&s->state, 1); /* a worker waiting for a hand-back looks again */
 }
 
 /* ------------------------------------------------------------- server side */
@@ -145,18 +192,56 @@ static inline int shms_slot_set_running(shms_slot *s, uint32_t gen, int again) {
  * (another generation, already DONE, or FREE). Returns 1 if the client was answered.
  * SYNC POINT: the release store of DONE pairs with the client's acquire load in
  * shms_slot_read_answer; the doorbell pairs with the client's wait on completions. */
-static inline int shms_slot_complete(shms_slot *s, shms_arena_header *h, uint32_t gen,
-                                     int32_t status, const char *message,
-                                     const shms_tensor_ref *results, uint32_t n_results) {
-  uint32_t st = shms_load(&s->state, memory_order_acquire);
-  if (s->generation != gen || st == SHMS_SLOT_DONE || st == SHMS_SLOT_FREE) return 0;
+static inline void shms_slot_write_answer(shms_slot *s, int32_t status, const char *message,
+                                          const shms_tensor_ref *results, uint32_t n_results,
+                                          uint32_t index, uint32_t flags) {
   if (n_results > SHMS_MAX_TENSORS) n_results = SHMS_MAX_TENSORS;
   if (n_results) memcpy(s->results, results, sizeof(shms_tensor_ref) * n_results);
   s->n_results = n_results;
   s->status = status;
+  s->response_index = index;
+  s->response_flags = flags;
   snprintf(s->error, sizeof s->error, "%s", message ? message : "");
   s->t_ns[SHMS_T_COMPLETE] = shms_now_ns();
+}
+
+/* shms_slot_complete with the stream words: the final response is number `index`;
+ * flags SHMS_RESPONSE_EMPTY when the final flag came without a response. A RESPONSE
+ * the caller has not handed back is replaced (it cancelled, or left). */
+static inline int shms_slot_complete_x(shms_slot *s, shms_arena_header *h, uint32_t gen,
+                                       int32_t status, const char *message,
+                                       const shms_tensor_ref *results, uint32_t n_results,
+                                       uint32_t index, uint32_t flags) {
+  uint32_t st = shms_load(&s->state, memory_order_acquire);
+  if (s->generation != gen || st == SHMS_SLOT_DONE || st == SHMS_SLOT_FREE) return 0;
+  shms_slot_write_answer(s, status, message, results, n_results, index,
+                         SHMS_RESPONSE_FINAL | (flags & SHMS_RESPONSE_EMPTY));
   shms_store(&s->state, (uint32_t)SHMS_SLOT_DONE, memory_order_release);
+  shms_doorbell_ring(&h->completions, &h->waiters, INT32_MAX);
+  return 1;
+}
+
+static inline int shms_slot_complete(shms_slot *s, shms_arena_header *h, uint32_t gen,
+                                     int32_t status, const char *message,
+                                     const shms_tensor_ref *results, uint32_t n_results) {
+  return shms_slot_complete_x(s, h, gen, status, message, results, n_results, 0, 0);
+}
+
+/* Worker, STREAM: publishes response number `index` (not the final one) of the request
+ * of generation gen: RUNNING -> RESPONSE. Returns 1 if published; 0 if the slot is not
+ * RUNNING with that generation (the previous response is not handed back yet, or the
+ * caller left): the worker waits for the hand-back (doorbell wait on state, with
+ * stream_sleeping) before it writes outputs for the next response.
+ * SYNC POINT: the release store of RESPONSE pairs with the client's acquire load in
+ * shms_slot_read_response; the doorbell wakes it as for DONE. */
+static inline int shms_slot_respond(shms_slot *s, shms_arena_header *h, uint32_t gen,
+                                    int32_t status, const char *message,
+                                    const shms_tensor_ref *results, uint32_t n_results,
+                                    uint32_t index) {
+  if (s->generation != gen || shms_load(&s->state, memory_order_acquire) != SHMS_SLOT_RUNNING)
+    return 0;
+  shms_slot_write_answer(s, status, message, results, n_results, index, 0);
+  shms_store(&s->state, (uint32_t)SHMS_SLOT_RESPONSE, memory_order_release);
   shms_doorbell_ring(&h->completions, &h->waiters, INT32_MAX);
   return 1;
 }

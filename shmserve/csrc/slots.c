@@ -487,22 +487,77 @@ static PyObject *m_set_running(Mapping *self, PyObject *args) {
   return PyBool_FromLong(shms_slot_set_running(s, gen, again));
 }
 
-/* Server: complete(slot_off, generation, status, error, results) on an arena mapping
- * -> True if the client was answered (shms_slot_complete). */
+/* Server: complete(slot_off, generation, status, error, results[, index, flags]) on an
+ * arena mapping -> True if the client was answered (shms_slot_complete_x): the final
+ * response; index and flags (RESPONSE_EMPTY) for a STREAM request. */
 static PyObject *m_complete(Mapping *self, PyObject *args) {
   unsigned long long off;
-  unsigned int gen;
+  unsigned int gen, index = 0, flags = 0;
   int status;
   const char *msg;
   PyObject *results;
-  if (!PyArg_ParseTuple(args, "KIisO", &off, &gen, &status, &msg, &results)) return NULL;
+  if (!PyArg_ParseTuple(args, "KIisO|II", &off, &gen, &status, &msg, &results, &index, &flags))
+    return NULL;
   shms_arena_header *h = arena_of(self);
   shms_slot *s = slot_at(self, off);
   if (!h || !s) return NULL;
   shms_tensor_ref refs[SHMS_MAX_TENSORS];
   int n = parse_refs(results, refs);
   if (n < 0) return NULL;
-  return PyBool_FromLong(shms_slot_complete(s, h, gen, status, msg, refs, (uint32_t)n));
+  return PyBool_FromLong(
+      shms_slot_complete_x(s, h, gen, status, msg, refs, (uint32_t)n, index, flags));
+}
+
+/* Worker, STREAM: respond(slot_off, generation, status, error, results, index) -> True
+ * if response `index` was published (RUNNING -> RESPONSE, shms_slot_respond); False if
+ * the slot is not RUNNING with that generation (not handed back yet, or gone). */
+static PyObject *m_respond(Mapping *self, PyObject *args) {
+  unsigned long long off;
+  unsigned int gen, index;
+  int status;
+  const char *msg;
+  PyObject *results;
+  if (!PyArg_ParseTuple(args, "KIisOI", &off, &gen, &status, &msg, &results, &index))
+    return NULL;
+  shms_arena_header *h = arena_of(self);
+  shms_slot *s = slot_at(self, off);
+  if (!h || !s) return NULL;
+  shms_tensor_ref refs[SHMS_MAX_TENSORS];
+  int n = parse_refs(results, refs);
+  if (n < 0) return NULL;
+  return PyBool_FromLong(shms_slot_respond(s, h, gen, status, msg, refs, (uint32_t)n, index));
+}
+
+/* Client, STREAM: read_response(slot_off) -> None unless the slot holds a RESPONSE, else
+ * (status, error, results, t_ns tuple, index); hand_back(slot_off) after copying the
+ * outputs out. */
+static PyObject *m_read_response(Mapping *self, PyObject *arg) {
+  shms_slot *s = slot_at(self, PyLong_AsUnsignedLongLong(arg));
+  if (!s) return NULL;
+  shms_answer a;
+  if (!shms_slot_read_response(s, &a)) Py_RETURN_NONE;
+  PyObject *ts = PyTuple_New(SHMS_T_COUNT);
+  for (int i = 0; ts && i < SHMS_T_COUNT; i++)
+    PyTuple_SET_ITEM(ts, i, PyLong_FromUnsignedLongLong(a.t_ns[i]));
+  if (!ts) return NULL;
+  return Py_BuildValue("(iNNNI)", a.status,
+                       PyUnicode_DecodeUTF8(a.error, (Py_ssize_t)strlen(a.error), "replace"),
+                       shms_py_refs_list(a.results, a.n_results), ts, a.response_index);
+}
+
+/* Client, STREAM: hand_back(slot_off) -> True if a RESPONSE went back to RUNNING. */
+static PyObject *m_hand_back(Mapping *self, PyObject *arg) {
+  shms_slot *s = slot_at(self, PyLong_AsUnsignedLongLong(arg));
+  if (!s) return NULL;
+  return PyBool_FromLong(shms_slot_hand_back(s));
+}
+
+/* Client, STREAM: cancel(slot_off) asks the model to stop (shms_slot_cancel). */
+static PyObject *m_cancel(Mapping *self, PyObject *arg) {
+  shms_slot *s = slot_at(self, PyLong_AsUnsignedLongLong(arg));
+  if (!s) return NULL;
+  shms_slot_cancel(s);
+  Py_RETURN_NONE;
 }
 
 static shms_mailbox *mailbox_at(Mapping *self, unsigned long long off) {
@@ -572,6 +627,10 @@ PyMethodDef shms_py_slot_methods[] = {
     {"set_running", (PyCFunction)m_set_running, METH_VARARGS,
      "Worker: QUEUED -> RUNNING (RUNNING again when re-running a dead worker's batch)."},
     {"complete", (PyCFunction)m_complete, METH_VARARGS, "Server: answer a slot."},
+    {"respond", (PyCFunction)m_respond, METH_VARARGS, "Worker: publish one response of a stream."},
+    {"read_response", (PyCFunction)m_read_response, METH_O, "Client: a stream's RESPONSE, or None."},
+    {"hand_back", (PyCFunction)m_hand_back, METH_O, "Client: RESPONSE read, back to RUNNING."},
+    {"cancel", (PyCFunction)m_cancel, METH_O, "Client: ask a stream's model to stop."},
     {"mailbox_assign", (PyCFunction)m_mailbox_assign, METH_VARARGS, "Batcher: hand a batch over."},
     {"mailbox_batch", (PyCFunction)m_mailbox_batch, METH_O, "Worker: the batch in a mailbox."},
     {NULL}};

@@ -4,10 +4,11 @@ module under that name before it loads model.py).
 
 Implemented: TritonPythonModel's initialize(args) / execute(requests) / finalize() /
 auto_complete_config(), Tensor (numpy, DLPack), InferenceRequest (inputs,
-requested_output_names, parameters, BLS exec / async_exec), InferenceResponse,
+requested_output_names, parameters, BLS exec / async_exec, a decoupled model's
+get_response_sender() and is_cancelled()), InferenceResponse, InferenceResponseSender,
 TritonError with its codes, TritonModelException, Logger, the config and tensor
-lookups and the data type helpers. What shmserve does not implement (decoupled
-response senders, model loading from a model, custom metrics, ...) raises
+lookups and the data type helpers. What shmserve does not implement (BLS calls to
+decoupled models, model loading from a model, custom metrics, ...) raises
 NotImplementedByShmserve naming it where it is used: never a silent no-op.
 See docs/architecture.md, "Python models".
 """
@@ -21,7 +22,8 @@ from .messages import (TRITONSERVER_REQUEST_FLAG_SEQUENCE_END,
                        TRITONSERVER_REQUEST_FLAG_SEQUENCE_START,
                        TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE,
                        TRITONSERVER_RESPONSE_COMPLETE_FINAL, InferenceRequest, InferenceResponse,
-                       get_input_tensor_by_name, get_output_tensor_by_name)
+                       InferenceResponseSender, get_input_tensor_by_name,
+                       get_output_tensor_by_name)
 from .tensor import (Tensor, deserialize_bytes_tensor, numpy_to_triton_type,
                      serialize_byte_tensor, triton_string_to_numpy, triton_to_numpy_type)
 
@@ -51,8 +53,7 @@ MetricFamily = _unsupported_class("MetricFamily", "custom metrics", COUNTER=0, G
 Metric = _unsupported_class("Metric", "custom metrics")
 PreferredMemory = _unsupported_class("PreferredMemory", "tensors are host memory")
 InferenceTrace = _unsupported_class("InferenceTrace", "request tracing")
-InferenceResponseSender = _unsupported_class("InferenceResponseSender", "decoupled models")
-ResponseIterator = _unsupported_class("ResponseIterator", "decoupled models")
+ResponseIterator = _unsupported_class("ResponseIterator", "BLS calls to decoupled models")
 TRITONSERVER_MEMORY_CPU, TRITONSERVER_MEMORY_GPU = 0, 2  # PreferredMemory's arguments
 
 

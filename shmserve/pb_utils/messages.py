@@ -7,10 +7,11 @@ BLS requests a model builds to call another model (exec() / async_exec(), bls.py
 from __future__ import annotations
 
 import json
+import weakref
 
-from ..protocol import encode_parameters
+from ..protocol import Status, encode_parameters
 from . import bls
-from .errors import NotImplementedByShmserve, TritonError, TritonModelException
+from .errors import NotImplementedByShmserve, TritonError, TritonModelException, status_of
 from .tensor import Tensor
 
 # Triton's flag values, for code that reads or passes them
@@ -30,7 +31,8 @@ class InferenceRequest:
     # A request execute() receives holds _by_name, {input name: Tensor}: one lookup for
     # get_input_tensor_by_name; one a model builds holds _inputs, the list it was given.
     __slots__ = ("_model_name", "_inputs", "_by_name", "_requested", "_model_version",
-                 "_request_id", "_correlation_id", "_flags", "_timeout_us", "_parameters")
+                 "_request_id", "_correlation_id", "_flags", "_timeout_us", "_parameters",
+                 "_stream", "_sender")
 
     def __init__(self, model_name: str = "", inputs=(), requested_output_names=(),
                  model_version: int = -1, request_id: str = "", correlation_id=0,
@@ -79,6 +81,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout_us = int(timeout)
         self._parameters = parameters
+        self._stream = self._sender = None
 
     # -- what a request holds -----------------------------------------------------
     def inputs(self) -> list:
@@ -105,7 +108,10 @@ class InferenceRequest:
         return json.dumps(self._parameters) if self._parameters else _NO_PARAMETERS
 
     def is_cancelled(self) -> bool:
-        return False  # shmserve's protocol has no cancellation: a request runs to its answer
+        """True once the caller of a decoupled model's request cancelled it or left; a
+        request of a model that is not decoupled is never cancelled (it runs to its
+        answer)."""
+        return self._stream is not None and self._stream.cancelled()
 
     def trace(self):
         return None
@@ -115,10 +121,19 @@ class InferenceRequest:
             raise NotImplementedByShmserve("request.set_release_flags(RESCHEDULE)",
                                            "requests are not rescheduled")
 
-    def get_response_sender(self):
-        raise NotImplementedByShmserve("request.get_response_sender()",
-                                       "decoupled models: each request gets exactly one response,"
-                                       " returned from execute()")
+    def get_response_sender(self) -> "InferenceResponseSender":
+        """The sender of this request's responses (a decoupled model's; the same
+        object every call)."""
+        if self._stream is None:
+            raise TritonModelException(
+                "request.get_response_sender(): the model is not decoupled (its config has "
+                "no model_transaction_policy { decoupled: true }): execute() returns one "
+                "response per request" if self._model_name == "" else
+                f"request.get_response_sender(): a BLS request to '{self._model_name}' has no "
+                "response sender; it is answered by exec()")
+        if self._sender is None:
+            self._sender = InferenceResponseSender(self._stream)
+        return self._sender
 
     # -- BLS -------------------------------------------------------------------------
     def exec(self, decoupled: bool = False) -> "InferenceResponse":
@@ -126,25 +141,83 @@ class InferenceRequest:
         its InferenceResponse; errors come back as response.error(), never raised."""
         if decoupled:
             raise NotImplementedByShmserve("InferenceRequest.exec(decoupled=True)",
-                                           "decoupled models")
+                                           "BLS calls to decoupled models; a model calls them "
+                                           "through shmserve.Client.infer_stream")
         return bls.execute(self)
 
     async def async_exec(self, decoupled: bool = False) -> "InferenceResponse":
         """exec() for `async def execute`: await it (or asyncio.gather several)."""
         if decoupled:
             raise NotImplementedByShmserve("InferenceRequest.async_exec(decoupled=True)",
-                                           "decoupled models")
+                                           "BLS calls to decoupled models; a model calls them "
+                                           "through shmserve.Client.infer_stream")
         return await bls.execute_async(self)
 
 
-def incoming(by_name: dict, requested, parameters: dict) -> InferenceRequest:
+def incoming(by_name: dict, requested, parameters: dict, stream=None) -> InferenceRequest:
     """A request execute() receives (no checks: the batcher validated it). by_name:
-    {input name: Tensor}; requested: the output names (a list or tuple, not changed)."""
+    {input name: Tensor}; requested: the output names (a list or tuple, not changed);
+    stream: a decoupled model's server/stream.py ResponseStream, None otherwise."""
     r = _new(InferenceRequest)
     r._by_name, r._inputs, r._requested, r._parameters = by_name, None, requested, parameters
     r._model_name, r._model_version, r._request_id = "", -1, ""
     r._correlation_id, r._flags, r._timeout_us = 0, 0, 0
+    r._stream, r._sender = stream, None
     return r
+
+
+class InferenceResponseSender:
+    """pb_utils.InferenceResponseSender: request.get_response_sender() of a decoupled
+    model. send() may be called from any thread, during execute() or after it."""
+
+    __slots__ = ("_stream", "__weakref__")
+
+    def __init__(self, stream):
+        self._stream = stream
+        # A sender dropped before its final flag would leave its caller waiting: its
+        # request is ended with an error naming the cause instead.
+        weakref.finalize(self, _dropped, stream).atexit = False
+
+    def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
+        """Sends one response to the caller; flags TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        makes it the last (a final send may carry no response)."""
+        if flags & ~TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            raise TritonModelException(f"InferenceResponseSender.send: flags {flags:#x} set bits "
+                                       "other than TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        outputs = error = None
+        if response is None:
+            if not final:
+                raise TritonModelException("InferenceResponseSender.send: a response is needed "
+                                           "unless flags is TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+        elif type(response) is not InferenceResponse:
+            raise TritonModelException("InferenceResponseSender.send: response must be a "
+                                       f"pb_utils.InferenceResponse, got {type(response).__name__}")
+        elif response._error is not None:
+            error = (status_of(response._error), response._error.message())
+        else:
+            outputs = {}
+            for t in response._outputs:
+                if type(t) is not Tensor:
+                    raise TritonModelException("InferenceResponseSender.send: the response holds "
+                                               f"a {type(t).__name__}, not a pb_utils.Tensor")
+                outputs[t._name] = t._array
+        try:
+            self._stream.send(outputs, error, final)
+        except RuntimeError:
+            raise TritonModelException("InferenceResponseSender.send: this request's final "
+                                       "response was sent already (flags "
+                                       "TRITONSERVER_RESPONSE_COMPLETE_FINAL)") from None
+
+    def is_cancelled(self) -> bool:
+        """True once the caller cancelled the request or left: further responses are
+        dropped; the model should stop and send the final flag."""
+        return self._stream.cancelled()
+
+
+def _dropped(stream) -> None:
+    stream.fail(Status.INTERNAL, f"model '{stream.worker.spec.name}' released the response "
+                "sender of a request without sending TRITONSERVER_RESPONSE_COMPLETE_FINAL")
 
 
 _new = object.__new__

@@ -13,13 +13,14 @@ import msgpack
 
 from .layout import LAYOUT
 
-__all__ = ["MAX_PARAMETER_BYTES", "MAX_SEQUENCE_ID_BYTES", "SEQUENCE_START", "SEQUENCE_END",
+__all__ = ["MAX_PARAMETER_BYTES", "MAX_SEQUENCE_ID_BYTES", "SEQUENCE_START", "SEQUENCE_END", "STREAM",
            "encode_parameters", "decode_parameters", "decode_sequence_id", "options"]
 
 MAX_PARAMETER_BYTES = LAYOUT["MAX_PARAMETER_BYTES"]
 MAX_SEQUENCE_ID_BYTES = LAYOUT["MAX_SEQUENCE_ID_BYTES"]
 SEQUENCE_START = LAYOUT["REQUEST_SEQUENCE_START"]
 SEQUENCE_END = LAYOUT["REQUEST_SEQUENCE_END"]
+STREAM = LAYOUT["REQUEST_STREAM"]  # several responses in the slot (Client.infer_stream)
 U32_MAX, U64_MAX = (1 << 32) - 1, (1 << 64) - 1
 _INT_MIN, _INT_MAX = -(1 << 63), (1 << 63) - 1
 

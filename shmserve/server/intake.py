@@ -26,6 +26,7 @@ ENQUEUE_STAMP = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE  # the client's push time
 log = logging.getLogger("shmserve.batcher")
 RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
 SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
+SEQUENCE_FLAGS = L["REQUEST_SEQUENCE_START"] | L["REQUEST_SEQUENCE_END"]  # STREAM is not one
 SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claims are skipped at once
 
 
@@ -122,7 +123,7 @@ class Intake:
                 self.reject(model_id, Rejection(p, Status.UNAVAILABLE, f"model id {model_id} "
                                                 "is not loaded"))
                 return
-        if scheduler.sequences or flags or sequence_id or sid_bytes:
+        if scheduler.sequences or flags & SEQUENCE_FLAGS or sequence_id or sid_bytes:
             p = self.sequence_request(model_id, p, flags, sequence_id, sid_off, sid_bytes)
             if p is None:
                 return

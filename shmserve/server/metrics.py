@@ -16,6 +16,8 @@ Per model and version (labels model, version), as Triton names them:
   _queue_duration_us, _compute_input_duration_us, _compute_infer_duration_us,
   _compute_output_duration_us: microseconds summed over requests;
 - gauge nv_inference_pending_request_count: requests queued in the batcher;
+- histogram (--metrics-config histogram_latencies=true)
+  nv_inference_first_response_histogram_ms: decoupled models' time to first response;
 - summaries (--metrics-config summary_latencies=true) nv_inference_request_summary_us,
   _queue_summary_us, _compute_input/_infer/_output_summary_us: quantiles
   (summary_quantiles) over the last SUMMARY_WINDOW_S seconds, read from the
@@ -43,6 +45,8 @@ from . import statistics
 from .devices import nvml
 
 log = logging.getLogger("shmserve.metrics")
+# histogram_latencies: the buckets (ms) of nv_inference_first_response_histogram_ms
+FIRST_RESPONSE_BUCKETS_MS = (100, 500, 2000, 5000)
 
 # Triton's exposition (prometheus-cpp, text format 0.0.4) names a counter family and
 # its samples the same, without `_total`:
@@ -197,7 +201,8 @@ class StatsCollector:
         self.snapshot, self.sampler, self.config = snapshot, sampler, sampler.config
 
     def collect(self):
-        status = self.snapshot(self.config["summary_latencies"])
+        status = self.snapshot(self.config["summary_latencies"] or
+                               self.config["histogram_latencies"])
         models = status["models"]
         yield from self.counts(models)
         if self.config["counter_latencies"]:
@@ -210,6 +215,8 @@ class StatsCollector:
         yield pending
         if self.config["summary_latencies"]:
             yield from self.summaries(models)
+        if self.config["histogram_latencies"]:
+            yield self.first_response(models)
         yield from self.machine()
         yield from self.own(status)
 
@@ -272,6 +279,28 @@ class StatsCollector:
                 metric.add_sample(family + "_sum", key,
                                   sum(s["inference_stats"][k]["ns"] for k in kinds) / 1000.0)
             yield metric
+
+    def first_response(self, models):
+        """Triton's nv_inference_first_response_histogram_ms: for decoupled models (the
+        only ones that record a first response), read from the log-linear histogram of
+        shms_stats.h: a bucket counts below a bound when its upper edge is (within
+        the histogram's 6 %)."""
+        family = "nv_inference_first_response_histogram_ms"
+        metric = Metric(family, "Duration from request to first response in milliseconds",
+                        "histogram")
+        _, high = statistics.bucket_bounds()
+        for s in models:
+            first = s["shmserve"]["first_response"]
+            if not first["count"]:
+                continue
+            key, counts = _key(s), statistics.dense(s["shmserve"]["histograms"]["first_response"])
+            for le in FIRST_RESPONSE_BUCKETS_MS:
+                below = int(counts[high <= le * 1e6].sum())
+                metric.add_sample(family + "_bucket", {**key, "le": floatToGoString(le)}, below)
+            metric.add_sample(family + "_bucket", {**key, "le": "+Inf"}, first["count"])
+            metric.add_sample(family + "_count", key, first["count"])
+            metric.add_sample(family + "_sum", key, first["ns"] / 1e6)
+        return metric
 
     def machine(self):
         cpu = self.sampler.cpu
@@ -448,10 +477,6 @@ def serve_metrics(snapshot, port: int, address: str = "127.0.0.1", config: dict 
     returns Coordinator.server_status(). The returned server's shutdown() stops both and
     closes the socket."""
     config = {**parse_metrics_config([]), **(config or {})}
-    if config["histogram_latencies"]:
-        log.warning("metrics: histogram_latencies: nv_inference_first_response_histogram_ms is "
-                    "kept for decoupled models only (as Triton does), and shmserve serves no "
-                    "decoupled model yet: the family stays empty")
     sampler = Sampler(snapshot, config, interval_ms)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(StatsCollector(snapshot, sampler))

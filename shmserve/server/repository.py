@@ -108,6 +108,7 @@ class ModelSpec:
     response_cache: bool = False  # response_cache.enable (response_cache.py; not for sequences)
     batch_inputs: tuple = ()  # ((kind, target, dtype, source input), ...): ragged.py
     batch_outputs: tuple = ()  # ((kind, targets, source input), ...): ragged.py
+    decoupled: bool = False  # model_transaction_policy.decoupled: 0..n responses per request
 
     def device(self, instance: int) -> int:
         return self.devices[instance] if self.devices else devices.CPU
@@ -357,6 +358,9 @@ def load_model(model_dir: Path, auto_complete: bool = True,
                           f"under {NAME_BYTES} bytes")
     cfg.name = name
     backend = resolve_backend(cfg, where)
+    if cfg.model_transaction_policy.decoupled and backend != "python":
+        raise ConfigError(f"{where}: model_transaction_policy decoupled is implemented by "
+                          f"shmserve for python models only; this one is a {backend} model")
     if auto_complete and backend in (autocomplete.ONNX_BACKEND, autocomplete.PYTHON_BACKEND):
         if model_path is None:
             model_file = _model_file(cfg, backend, where)
@@ -451,7 +455,8 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             instance_balancing=balancing, max_queued_per_client=per_client, warmup=samples, sequence=sequence,
             response_cache=(cfg.response_cache.enable and sequence is None
                             and backend != ensemble.PLATFORM),
-            batch_inputs=batch_inputs, batch_outputs=batch_outputs))
+            batch_inputs=batch_inputs, batch_outputs=batch_outputs,
+            decoupled=bool(cfg.model_transaction_policy.decoupled)))
     return specs
 
 

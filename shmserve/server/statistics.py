@@ -24,7 +24,7 @@ import numpy as np
 from ..protocol import LAYOUT, Duration, FailureReason
 
 BUCKETS = LAYOUT["LATENCY_BUCKETS"]
-DURATION_NAMES = [d.name.lower() for d in Duration]  # success, fail, queue, compute_*
+DURATION_NAMES = [d.name.lower() for d in Duration]  # success, fail, queue, compute_*, ...
 
 
 @functools.cache
@@ -69,13 +69,17 @@ def _duration(pair) -> dict:
 def model_statistics(name: str, version: int, state: str, raw: dict,
                      memory_usage: list[dict] = (), with_histograms: bool = False) -> dict:
     """One model_stat of Triton's statistics extension from a model_stats() snapshot."""
-    inference = {n: _duration(raw["durations"][d]) for n, d in zip(DURATION_NAMES, Duration)}
+    # Triton's inference_stats has no first-response pair: its histogram alone is kept
+    inference = {n: _duration(raw["durations"][d]) for n, d in zip(DURATION_NAMES, Duration)
+                 if d != Duration.FIRST_RESPONSE}
     batch_stats = [{"batch_size": size, "compute_input": _duration(stages[0]),
                     "compute_infer": _duration(stages[1]), "compute_output": _duration(stages[2])}
                    for size, stages in sorted(raw["batch_stats"].items())]
     own = {"state": state, "pending": raw["pending"],
            "failures": {r.name: int(raw["failures"][r]) for r in FailureReason},
-           "batch_requests": {str(n): c for n, c in sorted(raw["batch_requests"].items())}}
+           "batch_requests": {str(n): c for n, c in sorted(raw["batch_requests"].items())},
+           # decoupled models: from a request's arrival to its first response
+           "first_response": _duration(raw["durations"][Duration.FIRST_RESPONSE])}
     if with_histograms:  # sparse: [[bucket, count], ...] per duration
         hist = histograms(raw)
         own["histograms"] = {n: [[int(b), int(hist[d][b])] for b in np.flatnonzero(hist[d])]

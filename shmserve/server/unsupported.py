@@ -1,8 +1,7 @@
 """config.pbtxt fields shmserve does not implement yet: never accepted in silence.
 
-A field whose absence would change what a caller gets back (a ragged batch, a
-decoupled model answered once) is refused with a ConfigError naming it; one that only changes when or how fast
-requests run (the response cache, pinned memory, CUDA graphs) is loaded
+A field whose absence would change what a caller gets back is refused with a
+ConfigError naming it; one that only changes when or how fast requests run (the response cache, pinned memory, CUDA graphs) is loaded
 with a warning naming it. Everything else set in a config is implemented; a
 backend's own parameters and options are checked by the backend (backends/).
 """
@@ -24,7 +23,8 @@ IMPLEMENTED = {"name", "platform", "backend", "runtime", "max_batch_size", "inpu
                "ensemble_scheduling",  # ensemble.py
                "sequence_batching",  # sequence_config.py
                "response_cache",  # response_cache.py
-               "batch_input", "batch_output"}  # ragged.py
+               "batch_input", "batch_output",  # ragged.py
+               "model_transaction_policy"}  # decoupled: server/stream.py
 # Set, these change results: refused.
 REFUSED: set[str] = set()
 DYNAMIC_IMPLEMENTED = {"preferred_batch_size", "max_queue_delay_microseconds",
@@ -57,10 +57,7 @@ def check(cfg: mc.ModelConfig, where: str, backend: str | None = None) -> list[s
         if field in REFUSED:
             raise ConfigError(f"{where}: {field} is not implemented by shmserve yet; serving "
                               "the model without it would change its results")
-        if field == "model_transaction_policy" and cfg.model_transaction_policy.decoupled:
-            raise ConfigError(f"{where}: model_transaction_policy decoupled is not implemented "
-                              "by shmserve yet (each request gets exactly one response)")
-        if field not in IMPLEMENTED and field != "model_transaction_policy":
+        if field not in IMPLEMENTED:
             ignored(field)
     for kind, tensors in (("input", cfg.input), ("output", cfg.output)):
         for t in tensors:

@@ -30,6 +30,7 @@ from .devices import CPU
 from .maps import ServerMaps, child_setup
 from .sequence_io import SequenceError, SequenceIO
 from . import settings
+from .stream import ResponseStream
 from .tracing import Sampler
 
 L = LAYOUT
@@ -37,6 +38,7 @@ BYTES = DataType.BYTES
 _SHADOW_REQUEST = L["shadow.request"]
 _N_OUTPUTS, _PARAMETERS_BYTES = L["request.n_outputs"], L["request.parameters_bytes"]
 _NO_PARAMETERS: dict = {}  # never written: InferenceRequest.parameters() only reads it
+STREAM = L["REQUEST_STREAM"]
 log = logging.getLogger("shmserve.worker")
 
 
@@ -127,6 +129,14 @@ class Worker:
     def load(self) -> None:
         self.backend = load_backend(self.spec, self.instance)
         self.per_request = getattr(self.backend, "per_request", False)
+        if self.spec.decoupled and not self.per_request:
+            raise ConfigError(f"model '{self.spec.name}': model_transaction_policy decoupled needs "
+                              "a python model written with Triton's API (it sends its "
+                              "responses through request.get_response_sender())")
+        if self.spec.decoupled and self.sequences is not None:
+            raise ConfigError(f"model '{self.spec.name}': sequence_batching with "
+                              "model_transaction_policy decoupled is not implemented by "
+                              "shmserve yet")
         # Models that read request parameters (Triton's API, or a numpy-dict execute with
         # a `requests` argument) take the Python path; the others never decode them.
         self.reads_parameters = self.per_request or getattr(self.backend, "wants_requests", False)
@@ -354,6 +364,9 @@ class Worker:
         # Triton's three compute stages: gather the inputs, run the model, check and
         # scatter the outputs (timed until the answers are written, before they go out).
         t_input = time.monotonic_ns()
+        if self.spec.decoupled:  # responses sent through each request's sender
+            self.run_decoupled(live, t_input)
+            return
         executed = live
         if self.per_request:  # Triton's python API: a list of requests, a response each
             answers, t_infer, t_output = self.execute_requests(live)
@@ -532,6 +545,54 @@ class Worker:
             except (BatchError, SequenceError) as e:
                 answers.append((e.status, str(e), []))
         return answers, t_infer, t_output
+
+    def run_decoupled(self, live: list[Request], t_input: int) -> None:
+        """A decoupled model's batch (server/stream.py): each STREAM request gets a
+        ResponseStream its sender publishes through, from execute() or from any thread
+        after it. The batch ends (the mailbox goes IDLE) once every request had its final
+        response, so a worker that dies mid-stream leaves its batch ASSIGNED and its
+        successor fails the requests still open (fail_batch), as for any batch."""
+        streams = []
+        for req in live:
+            if req.flags & STREAM:
+                streams.append(ResponseStream(self, req))
+                continue
+            self.maps.record_answers(self.model_id, [(int(Status.INVALID_ARG), req.taken_ns)])
+            req.arena.ops.complete(req.slot_off, req.generation, int(Status.INVALID_ARG), _clip(
+                f"model '{self.spec.name}' is decoupled (model_transaction_policy decoupled): it "
+                "answers stream requests only (Client.infer_stream); as in Triton, the "
+                "non-streaming inference API refuses decoupled models"), [])
+        if not streams:
+            return
+        ins = self.spec.inputs
+        requests = [[(ins[ref[0]].name, self.model_view(s.req.arena.buffer, ref))
+                     for ref in s.req.inputs] for s in streams]
+        t_infer = time.monotonic_ns()
+        failed = None
+        try:
+            returned = self.backend.execute_decoupled(
+                [(inputs, [self.spec.outputs[ref[0]].name for ref in s.req.outputs],
+                  s.req.parameters, s) for inputs, s in zip(requests, streams)])
+            if returned is not None:
+                failed = (f"model '{self.spec.name}' is decoupled: execute() must return None "
+                          "and send each request's responses through "
+                          f"request.get_response_sender(); it returned {type(returned).__name__}")
+        except Exception as e:  # the model raised: the requests still open hear why
+            failed = self.raised(e)
+        del requests
+        t_output = time.monotonic_ns()
+        for s in streams:
+            s.req.arena.ops.stamp(s.req.slot_off, Timestamp.COMPUTE_END)
+            if failed is not None:
+                s.fail(Status.INTERNAL, failed)
+        srv = self.maps.srv
+        srv.record_execution(self.model_off, len(streams), sum(s.req.rows for s in streams),
+                             t_infer - t_input, t_output - t_infer, time.monotonic_ns() - t_output)
+        srv.add64(self.mailbox + L["mailbox.executions"], 1)
+        for s in streams:  # responses may still come from the model's threads
+            while not s.done.wait(0.2):
+                if not self.maps.parent_alive():
+                    return
 
     def raised(self, e: Exception) -> str:
         log.warning("model '%s' raised: %s", self.spec.name, traceback.format_exc(limit=3))
