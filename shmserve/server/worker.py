@@ -108,6 +108,7 @@ class Worker:
         Triton's API takes it too for a batch of one request that asks for every output
         and carries no parameters (run_mailbox looks): its inputs are views then."""
         common = (not (self.tracer and self.tracer.enabled) and self.sequences is None
+                  and not self.spec.decoupled  # responses through each request's sender
                   and self.cache is None and not self.ragged and
                   all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
         self.fast = common and not self.reads_parameters
