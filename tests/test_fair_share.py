@@ -263,14 +263,17 @@ def test_priorities_reorder_before_the_turns(server_factory):
     assert ran(model_dir) == ["block", "u0", "u1", "u2", "f0", "p", "f1", "f2"]
 
 
+def per_client_parameter(value: str) -> str:
+    return f'parameters {{ key: "shmserve.max_queued_per_client" value {{ string_value: "{value}" }} }}'
+
+
 @pytest.mark.parametrize("where", ["flag", "parameter"])
 def test_the_per_client_limit_refuses_the_excess_and_serves_the_others(server_factory, where):
     if where == "flag":
         server, model_dir = gated_server(server_factory, args=["--max-queued-per-client", "4"])
     else:  # the model's parameter wins over the server's flag
-        server, model_dir = gated_server(
-            server_factory, args=["--max-queued-per-client", "50"],
-            extra='parameters { key: "shmserve.max_queued_per_client" value { string_value: "4" } }')
+        server, model_dir = gated_server(server_factory, args=["--max-queued-per-client", "50"],
+                                         extra=per_client_parameter("4"))
     flooder, polite = server.client(), server.client()
     blocker = hold(flooder, model_dir)  # running, no longer queued
     flood = [flooder.submit("rec", {"INPUT0": X * i}, parameters={"tag": f"f{i}"})
@@ -291,3 +294,15 @@ def test_the_per_client_limit_refuses_the_excess_and_serves_the_others(server_fa
     assert ran(model_dir) == ["block", "f0", "p0", "f1", "p1", "f2", "f3"]
     # Its queue emptied, the flooder may queue again.
     assert flooder.infer("rec", {"INPUT0": X * 3}, parameters={"tag": "again"})["OUTPUT0"].tolist() == [[3.0]]
+
+
+def test_a_model_turns_the_servers_limit_off_with_0(server_factory):
+    server, model_dir = gated_server(server_factory, args=["--max-queued-per-client", "2"],
+                                     extra=per_client_parameter("0"))
+    c = server.client()
+    blocker = hold(c, model_dir)
+    sent = [c.submit("rec", {"INPUT0": X * i}, parameters={"tag": i}) for i in range(6)]
+    wait_queued(c, 6)
+    (model_dir / "gate").touch()
+    blocker.result(timeout=60)
+    assert [f.result(timeout=60)["OUTPUT0"].tolist() for f in sent] == [[[float(i)]] for i in range(6)]
