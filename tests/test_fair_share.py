@@ -10,6 +10,7 @@ test creates) while the queue fills, wait until the batcher holds every request
 tests drive the schedulers with given times. Nothing asserts a duration."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from helpers import python_config, wait_until, write_model
 from shmserve import errors
+from shmserve.cli import _request_count
 from shmserve.errors import ConfigError
 from shmserve.protocol import Status
 from shmserve.server.repository import ModelSpec, TensorSpec, load_model
@@ -170,6 +172,9 @@ def test_no_limit_by_default_and_the_parameter_is_checked(tmp_path):
         write_model(tmp_path, "m", config(bad), "")
         with pytest.raises(ConfigError, match="shmserve.max_queued_per_client"):
             load_model(tmp_path / "m")
+    assert _request_count("8") == 8
+    with pytest.raises(argparse.ArgumentTypeError, match="not a number of requests"):
+        _request_count("-1")  # serve --max-queued-per-client
 
 
 # -- server tests: a recording model on a gate ----------------------------------------
