@@ -311,3 +311,26 @@ def test_a_model_turns_the_servers_limit_off_with_0(server_factory):
     (model_dir / "gate").touch()
     blocker.result(timeout=60)
     assert [f.result(timeout=60)["OUTPUT0"].tolist() for f in sent] == [[[float(i)]] for i in range(6)]
+
+
+def test_the_per_client_limit_counts_sequence_requests_too():
+    """A sequence model's scheduler has no turns (a sequence runs in its slot in arrival
+    order) but the limit applies: counted in, counted out by batch and by drain."""
+    from test_sequence import seq_spec, sp
+
+    q = make_scheduler(dataclasses.replace(seq_spec(instances=1), max_queued_per_client=2))
+    mine = [sp(0, 1, start=True), sp(1, 1), sp(2, 1, end=True)]
+    for p in mine:
+        p.client = 1
+    assert q.admit(mine[0]) is None and q.admit(mine[1]) is None
+    refused = q.admit(mine[2])
+    assert refused is not None and refused.status == Status.BUSY and "model 's'" in refused.message
+    other = sp(3, 2, start=True)
+    other.client = 2
+    assert q.admit(other) is None
+    plan, _ = q.assign(0, [0])
+    q.left(p for _, batch in plan for p in batch)
+    assert q.per_client == {1: 1}
+    assert q.admit(mine[2]) is None
+    q.left(q.drain())
+    assert not q.per_client
