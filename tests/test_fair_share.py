@@ -10,6 +10,7 @@ test creates) while the queue fills, wait until the batcher holds every request
 tests drive the schedulers with given times. Nothing asserts a duration."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 
 from helpers import python_config, wait_until, write_model
 from shmserve import errors
+from shmserve.cli import _request_count
 from shmserve.errors import ConfigError
 from shmserve.protocol import Status
 from shmserve.server.repository import ModelSpec, TensorSpec, load_model
@@ -170,6 +172,9 @@ def test_no_limit_by_default_and_the_parameter_is_checked(tmp_path):
         write_model(tmp_path, "m", config(bad), "")
         with pytest.raises(ConfigError, match="shmserve.max_queued_per_client"):
             load_model(tmp_path / "m")
+    assert _request_count("8") == 8
+    with pytest.raises(argparse.ArgumentTypeError, match="not a number of requests"):
+        _request_count("-1")  # serve --max-queued-per-client
 
 
 # -- server tests: a recording model on a gate ----------------------------------------
@@ -263,14 +268,17 @@ def test_priorities_reorder_before_the_turns(server_factory):
     assert ran(model_dir) == ["block", "u0", "u1", "u2", "f0", "p", "f1", "f2"]
 
 
+def per_client_parameter(value: str) -> str:
+    return f'parameters {{ key: "shmserve.max_queued_per_client" value {{ string_value: "{value}" }} }}'
+
+
 @pytest.mark.parametrize("where", ["flag", "parameter"])
 def test_the_per_client_limit_refuses_the_excess_and_serves_the_others(server_factory, where):
     if where == "flag":
         server, model_dir = gated_server(server_factory, args=["--max-queued-per-client", "4"])
     else:  # the model's parameter wins over the server's flag
-        server, model_dir = gated_server(
-            server_factory, args=["--max-queued-per-client", "50"],
-            extra='parameters { key: "shmserve.max_queued_per_client" value { string_value: "4" } }')
+        server, model_dir = gated_server(server_factory, args=["--max-queued-per-client", "50"],
+                                         extra=per_client_parameter("4"))
     flooder, polite = server.client(), server.client()
     blocker = hold(flooder, model_dir)  # running, no longer queued
     flood = [flooder.submit("rec", {"INPUT0": X * i}, parameters={"tag": f"f{i}"})
@@ -291,3 +299,38 @@ def test_the_per_client_limit_refuses_the_excess_and_serves_the_others(server_fa
     assert ran(model_dir) == ["block", "f0", "p0", "f1", "p1", "f2", "f3"]
     # Its queue emptied, the flooder may queue again.
     assert flooder.infer("rec", {"INPUT0": X * 3}, parameters={"tag": "again"})["OUTPUT0"].tolist() == [[3.0]]
+
+
+def test_a_model_turns_the_servers_limit_off_with_0(server_factory):
+    server, model_dir = gated_server(server_factory, args=["--max-queued-per-client", "2"],
+                                     extra=per_client_parameter("0"))
+    c = server.client()
+    blocker = hold(c, model_dir)
+    sent = [c.submit("rec", {"INPUT0": X * i}, parameters={"tag": i}) for i in range(6)]
+    wait_queued(c, 6)
+    (model_dir / "gate").touch()
+    blocker.result(timeout=60)
+    assert [f.result(timeout=60)["OUTPUT0"].tolist() for f in sent] == [[[float(i)]] for i in range(6)]
+
+
+def test_the_per_client_limit_counts_sequence_requests_too():
+    """A sequence model's scheduler has no turns (a sequence runs in its slot in arrival
+    order) but the limit applies: counted in, counted out by batch and by drain."""
+    from test_sequence import seq_spec, sp
+
+    q = make_scheduler(dataclasses.replace(seq_spec(instances=1), max_queued_per_client=2))
+    mine = [sp(0, 1, start=True), sp(1, 1), sp(2, 1, end=True)]
+    for p in mine:
+        p.client = 1
+    assert q.admit(mine[0]) is None and q.admit(mine[1]) is None
+    refused = q.admit(mine[2])
+    assert refused is not None and refused.status == Status.BUSY and "model 's'" in refused.message
+    other = sp(3, 2, start=True)
+    other.client = 2
+    assert q.admit(other) is None
+    plan, _ = q.assign(0, [0])
+    q.left(p for _, batch in plan for p in batch)
+    assert q.per_client == {1: 1}
+    assert q.admit(mine[2]) is None
+    q.left(q.drain())
+    assert not q.per_client
