@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from helpers import python_config, wait_until, write_model
+from test_cpp_client import _run, cpp_build  # noqa: F401 (cpp_build: the session's C++ build)
 
 import shmserve
 from shmserve import errors
@@ -292,3 +293,52 @@ def test_first_response_histogram_metric(client):
     assert float(lines[0].rsplit(" ", 1)[1]) >= 1
     assert 'nv_inference_first_response_histogram_ms_bucket{model="stream",version="1",le="+Inf"}' in text
 
+
+
+def test_sender_checks_its_arguments_in_process():
+    """pb_utils.InferenceResponseSender against a recording stream: what reaches the
+    worker's ResponseStream, and what is refused in the model."""
+    from types import SimpleNamespace
+
+    from shmserve import pb_utils
+
+    class Recorder:
+        def __init__(self):
+            self.sent, self.failed = [], []
+            self.worker = SimpleNamespace(spec=SimpleNamespace(name="m"))
+
+        def send(self, outputs, error, final):
+            self.sent.append((outputs, error, final))
+
+        def cancelled(self):
+            return False
+
+        def fail(self, status, message):
+            self.failed.append(message)
+
+    stream = Recorder()
+    sender = pb_utils.InferenceResponseSender(stream)
+    out = pb_utils.Tensor("OUT", np.array([1], np.int32))
+    sender.send(pb_utils.InferenceResponse([out]))
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("no")))
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert [(list(o) if o else o, e, f) for o, e, f in stream.sent] == [
+        (["OUT"], None, False), (None, (shmserve.protocol.Status.INTERNAL, "no"), False),
+        (None, None, True)]
+    with pytest.raises(pb_utils.TritonModelException, match="a response is needed"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match="flags 0x4"):
+        sender.send(pb_utils.InferenceResponse([out]), flags=4)
+    with pytest.raises(pb_utils.TritonModelException, match="must be a pb_utils.InferenceResponse"):
+        sender.send({"OUT": np.zeros(1)})
+    assert not sender.is_cancelled()
+    del sender  # dropped: the stream is told (it ignores it once final)
+    assert stream.failed and "without sending TRITONSERVER_RESPONSE_COMPLETE_FINAL" in stream.failed[0]
+
+@pytest.mark.timeout(600)  # the session's C++ build (plain and sanitized) may run first
+def test_cpp_client_streams(server, cpp_build):  # noqa: F811
+    """The C++ client's infer_stream: a callback per response, an error response mid-
+    stream, cancellation by returning false (clients/cpp/tests/test_client.cpp, mode
+    "stream")."""
+    r = _run([cpp_build / "shmserve_cpp_tests", "stream", "--socket", server.socket_path])
+    assert "stream: 0 failures" in r.stdout
