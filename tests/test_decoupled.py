@@ -52,6 +52,10 @@ class TritonPythonModel:
                 raise ValueError("the model failed on purpose")
             if mode == "return_list":
                 return [response(0)]
+            if mode == "die":  # the worker process dies mid-stream
+                request.get_response_sender().send(response(0))
+                import os
+                os._exit(7)
             if mode == "drop":  # the sender goes without its final flag
                 request.get_response_sender().send(response(0))
                 continue
@@ -189,6 +193,16 @@ def test_a_sender_dropped_without_the_final_flag_ends_the_request(client):
     assert int(next(stream)["OUT"][0]) == 0
     with pytest.raises(errors.InternalError, match="without sending TRITONSERVER_RESPONSE_COMPLETE_FINAL"):
         next(stream)
+
+
+def test_a_worker_that_dies_mid_stream_fails_the_request_and_is_replaced(client):
+    got = []
+    with pytest.raises(errors.UnavailableError, match="died"):
+        for r in client.infer_stream("stream", n_in(3), timeout=60, parameters={"mode": "die"}):
+            got.append(int(r["OUT"][0]))
+    assert got in ([], [0])  # response 0 is lost if the successor answered before it was read
+    assert values(client.infer_stream("stream", n_in(2), timeout=60)) == [0, 1]
+    assert client.engine.counters["slots_busy"] == 0
 
 
 def test_infer_on_a_decoupled_model_is_refused_naming_it(client):
