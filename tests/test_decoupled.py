@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 from helpers import python_config, wait_until, write_model
+from test_cpp_client import _run, cpp_build  # noqa: F401 (cpp_build: the session's C++ build)
 
 import shmserve
 from shmserve import errors
@@ -51,6 +52,10 @@ class TritonPythonModel:
                 raise ValueError("the model failed on purpose")
             if mode == "return_list":
                 return [response(0)]
+            if mode == "die":  # the worker process dies mid-stream
+                request.get_response_sender().send(response(0))
+                import os
+                os._exit(7)
             if mode == "drop":  # the sender goes without its final flag
                 request.get_response_sender().send(response(0))
                 continue
@@ -190,6 +195,16 @@ def test_a_sender_dropped_without_the_final_flag_ends_the_request(client):
         next(stream)
 
 
+def test_a_worker_that_dies_mid_stream_fails_the_request_and_is_replaced(client):
+    got = []
+    with pytest.raises(errors.UnavailableError, match="died"):
+        for r in client.infer_stream("stream", n_in(3), timeout=60, parameters={"mode": "die"}):
+            got.append(int(r["OUT"][0]))
+    assert got in ([], [0])  # response 0 is lost if the successor answered before it was read
+    assert values(client.infer_stream("stream", n_in(2), timeout=60)) == [0, 1]
+    assert client.engine.counters["slots_busy"] == 0
+
+
 def test_infer_on_a_decoupled_model_is_refused_naming_it(client):
     with pytest.raises(errors.InvalidArgumentError, match="model 'stream' is decoupled.*infer_stream"):
         client.infer("stream", n_in(1), timeout=30)
@@ -292,3 +307,52 @@ def test_first_response_histogram_metric(client):
     assert float(lines[0].rsplit(" ", 1)[1]) >= 1
     assert 'nv_inference_first_response_histogram_ms_bucket{model="stream",version="1",le="+Inf"}' in text
 
+
+
+def test_sender_checks_its_arguments_in_process():
+    """pb_utils.InferenceResponseSender against a recording stream: what reaches the
+    worker's ResponseStream, and what is refused in the model."""
+    from types import SimpleNamespace
+
+    from shmserve import pb_utils
+
+    class Recorder:
+        def __init__(self):
+            self.sent, self.failed = [], []
+            self.worker = SimpleNamespace(spec=SimpleNamespace(name="m"))
+
+        def send(self, outputs, error, final):
+            self.sent.append((outputs, error, final))
+
+        def cancelled(self):
+            return False
+
+        def fail(self, status, message):
+            self.failed.append(message)
+
+    stream = Recorder()
+    sender = pb_utils.InferenceResponseSender(stream)
+    out = pb_utils.Tensor("OUT", np.array([1], np.int32))
+    sender.send(pb_utils.InferenceResponse([out]))
+    sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("no")))
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert [(list(o) if o else o, e, f) for o, e, f in stream.sent] == [
+        (["OUT"], None, False), (None, (shmserve.protocol.Status.INTERNAL, "no"), False),
+        (None, None, True)]
+    with pytest.raises(pb_utils.TritonModelException, match="a response is needed"):
+        sender.send()
+    with pytest.raises(pb_utils.TritonModelException, match="flags 0x4"):
+        sender.send(pb_utils.InferenceResponse([out]), flags=4)
+    with pytest.raises(pb_utils.TritonModelException, match="must be a pb_utils.InferenceResponse"):
+        sender.send({"OUT": np.zeros(1)})
+    assert not sender.is_cancelled()
+    del sender  # dropped: the stream is told (it ignores it once final)
+    assert stream.failed and "without sending TRITONSERVER_RESPONSE_COMPLETE_FINAL" in stream.failed[0]
+
+@pytest.mark.timeout(600)  # the session's C++ build (plain and sanitized) may run first
+def test_cpp_client_streams(server, cpp_build):  # noqa: F811
+    """The C++ client's infer_stream: a callback per response, an error response mid-
+    stream, cancellation by returning false (clients/cpp/tests/test_client.cpp, mode
+    "stream")."""
+    r = _run([cpp_build / "shmserve_cpp_tests", "stream", "--socket", server.socket_path])
+    assert "stream: 0 failures" in r.stdout

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ..protocol import LAYOUT, ClientState, Duration, SlotState, Status, clip_error
+from ..protocol import LAYOUT, ClientState, Duration, SlotState, Status, Timestamp, clip_error
 
 L = LAYOUT
 FINAL, EMPTY = L["RESPONSE_FINAL"], L["RESPONSE_EMPTY"]
@@ -109,7 +109,8 @@ class ResponseStream:
 
     def _complete(self, status, msg: str, results: list, flags: int, index: int | None = None):
         req = self.req
-        try:
+        try:  # the slot is ours until DONE: its last compute stamp goes first
+            req.arena.ops.stamp(req.slot_off, Timestamp.COMPUTE_END)
             req.arena.ops.complete(req.slot_off, req.generation, int(status), clip_error(msg),
                                    results, self.sent if index is None else index, flags)
         except (ValueError, IndexError) as e:  # the caller unmapped or broke its arena

@@ -582,9 +582,8 @@ class Worker:
             failed = self.raised(e)
         del requests
         t_output = time.monotonic_ns()
-        for s in streams:
-            s.req.arena.ops.stamp(s.req.slot_off, Timestamp.COMPUTE_END)
-            if failed is not None:
+        if failed is not None:
+            for s in streams:
                 s.fail(Status.INTERNAL, failed)
         srv = self.maps.srv
         srv.record_execution(self.model_off, len(streams), sum(s.req.rows for s in streams),

@@ -7,6 +7,8 @@
 //                                                               outputs written to DIR
 //   shmserve_cpp_tests shutdown  --socket PATH                  expects the server to stop
 //                                                               while a request waits
+//   shmserve_cpp_tests stream    --socket PATH                  decoupled models
+//                                                               (tests/test_decoupled.py)
 // No test framework: CHECK (check.hpp) prints what failed and where; the exit code
 // counts failures.
 #include <iostream>
@@ -386,6 +388,51 @@ void sequence(const shmserve::Options &opts) {
     }
 }
 
+/// Decoupled models (tests/test_decoupled.py starts the server): "stream" sends IN
+/// responses OUT = 0, 1, ..., then the final flag alone; parameter mode "error_mid"
+/// makes response 1 an error, "until_cancelled" streams until the caller cancels.
+void stream(const shmserve::Options &opts) {
+  shmserve::Client client(opts);
+  auto in = [](int32_t n) { return std::vector<int32_t>{n}; };
+  std::vector<int32_t> got;
+  std::vector<bool> finals;
+  auto collect = [&](const shmserve::StreamResponse &r) {
+    CHECK(r.status == shmserve::Status::OK, "response ", r.index, ": ", r.error);
+    got.push_back(r.result["OUT"].as<int32_t>()[0]);
+    finals.push_back(r.final);
+    return true;
+  };
+  auto n5 = in(5);
+  size_t n = client.infer_stream("stream", {{"IN", {1}, n5}}, collect, {}, 30);
+  CHECK(n == 5 && got == std::vector<int32_t>({0, 1, 2, 3, 4}), "five responses in order");
+  CHECK(std::none_of(finals.begin(), finals.end(), [](bool f) { return f; }), "the final flag came alone");
+  got.clear();
+  auto n0 = in(0);
+  CHECK(client.infer_stream("stream", {{"IN", {1}, n0}}, collect, {}, 30) == 0, "zero responses");
+  shmserve::RequestOptions o;
+  o.parameters = {{"mode", std::string("error_mid")}};
+  std::vector<std::string> errors;
+  auto n3 = in(3);
+  client.infer_stream("stream", {{"IN", {1}, n3}}, [&](const shmserve::StreamResponse &r) {
+    errors.push_back(r.status == shmserve::Status::OK ? "" : r.error);
+    return true;
+  }, {}, 30, 0, o);
+  CHECK(errors.size() == 3 && errors[0].empty() && errors[1].find("response 1 failed") != std::string::npos &&
+            errors[2].empty(), "an error response mid-stream, and the stream goes on");
+  // cancellation: stop after three responses; the slot comes back with the final flag
+  o.parameters = {{"mode", std::string("until_cancelled")}, {"marker", std::string("")}};
+  size_t seen = client.infer_stream("stream", {{"IN", {1}, n0}}, [&](const shmserve::StreamResponse &r) {
+    return r.index < 2;
+  }, {}, 30, 0, o);
+  CHECK(seen == 3, "cancelled after the third response, saw ", seen);
+  got.clear();
+  client.infer_stream("stream", {{"IN", {1}, n3}}, collect, {}, 30);
+  CHECK(got == std::vector<int32_t>({0, 1, 2}), "the next stream after a cancellation");
+  expect_error<shmserve::InvalidArgumentError>("infer() on a decoupled model", [&] {
+    client.infer("stream", {{"IN", {1}, n3}});
+  }, "model 'stream' is decoupled", shmserve::Status::INVALID_ARG);
+}
+
 }  // namespace
 
 /// Model control against a server started with --model-control-mode explicit and
@@ -431,7 +478,7 @@ void model_control(const shmserve::Options &opts) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|control [--socket P] [--vectors F] [--dir D]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|stream|control [--socket P] [--vectors F] [--dir D]\n", argv[0]);
     return 2;
   }
   std::string mode = argv[1], vectors, dir;
@@ -450,6 +497,7 @@ int main(int argc, char **argv) {
   if (mode == "roundtrip") run("roundtrip", [&] { roundtrip(opts, dir); });
   if (mode == "shutdown") run("shutdown", [&] { shutdown(opts); });
   if (mode == "sequence") run("sequence", [&] { sequence(opts); });
+  if (mode == "stream") run("stream", [&] { stream(opts); });
   if (mode == "control") run("model control", [&] { model_control(opts); });
   std::printf("%s: %d failure%s\n", mode.c_str(), test::failures, test::failures == 1 ? "" : "s");
   return test::failures ? 1 : 0;

@@ -76,6 +76,35 @@ class Client {
     return Future(engine_, detail::Front::submit(*engine_, model, inputs, outputs, version, options));
   }
 
+  /// A decoupled model's responses to one request (docs/protocol.md section 6a):
+  /// on_response(const StreamResponse &) is called for each, in order, on this thread;
+  /// return false to cancel the request (the model's is_cancelled() turns true).
+  /// A response's outputs are views of the request's output buffers, valid until
+  /// on_response returns (the next response is written there): copy what you keep.
+  /// An error response the model sent has status != OK and its error; the stream goes
+  /// on. A failed request throws (infer's errors); timeout_s is the longest wait for
+  /// each response (TimeoutError, the request cancelled). A model that is not
+  /// decoupled gives one (final) response. Returns the number of responses.
+  size_t infer_stream(const std::string &model, const std::vector<Input> &inputs,
+                      const std::function<bool(const StreamResponse &)> &on_response,
+                      const std::vector<std::string> &outputs = {}, double timeout_s = -1,
+                      int64_t version = 0, const RequestOptions &options = {}) {
+    auto c = detail::Front::submit(*engine_, model, inputs, outputs, version, options, SHMS_REQUEST_STREAM);
+    size_t n = 0;
+    engine_->stream(c, timeout_s, [&](const std::vector<shms_tensor_ref> &results, int32_t status,
+                                      const std::string &error, uint32_t index, bool final) {
+      StreamResponse r;
+      r.index = index;
+      r.final = final;
+      r.status = static_cast<Status>(status);
+      r.error = error;
+      if (status == SHMS_OK) r.result = detail::Front::result(*engine_, *c, results);
+      n++;
+      return on_response(r);
+    });
+    return n;
+  }
+
   /// A zeroed tensor in this client's shared arena (zero-copy input).
   Tensor alloc(DType dtype, std::vector<int64_t> shape) {
     if (dtype_size(dtype) == 0) throw InvalidArgumentError("alloc() holds fixed-size types only");

@@ -2,6 +2,7 @@
 // with the engine).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <variant>
 
@@ -134,6 +135,16 @@ class Result {
   std::string model_;
   int64_t version_ = 0;
   std::array<uint64_t, SHMS_T_COUNT> t_ns_{};
+};
+
+/// One response of Client::infer_stream. result's outputs are valid until the callback
+/// returns; status != OK: an error response the model sent (error says why).
+struct StreamResponse {
+  uint32_t index = 0;  // 0, 1, ... in the order sent
+  bool final = false;  // the model sent it with the final flag
+  Status status = Status::OK;
+  std::string error;
+  Result result;
 };
 
 }  // namespace shmserve

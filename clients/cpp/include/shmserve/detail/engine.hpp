@@ -45,6 +45,7 @@ struct Call {
   uint32_t slot = 0, generation = 0;
   bool retried = false, done = false, orphaned = false;
   int32_t status = -1;
+  uint32_t response_index = 0, response_flags = 0;  // a STREAM call's final response
   std::string error;
   std::vector<shms_tensor_ref> results;  // valid once finish() returned
   std::array<uint64_t, SHMS_T_COUNT> t_ns{};
@@ -312,9 +313,71 @@ class Engine : public std::enable_shared_from_this<Engine> {
         forget(c.model->name);
       throw_status(c.status, c.error);
     }
+    check_results(c, c.results);
+  }
+
+  /// A STREAM call (flags SHMS_REQUEST_STREAM, docs/protocol.md section 6a): calls
+  /// on(results, status, error, index, final) for each response, in order: each
+  /// RESPONSE the server publishes (handed back once on returns), then the final one
+  /// (DONE) unless the final flag came alone. on returning false (or throwing)
+  /// cancels the request: the model is asked to stop, slot and buffers come back with
+  /// its final flag. A failed request throws, as wait() does; so does a timeout
+  /// (timeout_s: the longest wait for each response, < 0 none), which cancels.
+  template <class F> void stream(const std::shared_ptr<Call> &c, double timeout_s, F &&on) {
+    shms_slot *slot = &slots[c->slot];
+    const int64_t limit = timeout_s < 0 ? -1 : static_cast<int64_t>(timeout_s * 1e9);
+    uint64_t start = shms_now_ns();
+    for (;;) {
+      uint32_t seen = shms_load(&hdr->completions, memory_order_acquire);  // FIRST
+      shms_answer a;
+      if (shms_slot_read_response(slot, &a)) {
+        std::vector<shms_tensor_ref> results(a.results, a.results + std::min<size_t>(a.n_results, c->out_refs.size()));
+        bool go = false;
+        try {
+          if (a.status == SHMS_OK) check_results(*c, results);
+          go = on(results, a.status, std::string(a.error), a.response_index, false);
+        } catch (...) {
+          cancel(*c);
+          throw;
+        }
+        if (!go) return cancel(*c);
+        shms_slot_hand_back(slot);  // the next response may be written
+        start = shms_now_ns();
+        continue;
+      }
+      if (poll(*c)) {
+        finish(*c);  // throws a failed request's error
+        if (!(c->response_flags & SHMS_RESPONSE_EMPTY))
+          on(c->results, c->status, c->error, c->response_index, true);
+        return;
+      }
+      int64_t slice = kWaitSliceNs;
+      if (limit >= 0) {
+        int64_t left = limit - static_cast<int64_t>(shms_now_ns() - start);
+        if (left <= 0) {
+          cancel(*c);
+          throw TimeoutError("model '" + c->model->name + "': no response within " + std::to_string(timeout_s) + " s");
+        }
+        slice = std::min(slice, left);
+      }
+      // SYNC POINT: woken by the worker's doorbell ring on arena.completions, rung for
+      // every RESPONSE as for DONE.
+      if (!shms_doorbell_wait(&hdr->completions, &hdr->waiters, seen, spin_.base_ns, slice)) {
+        try {
+          check_server();
+        } catch (...) {
+          abandon(*c);
+          throw;
+        }
+      }
+    }
+  }
+
+  /// Checks that every result lies in the buffer the call gave for it.
+  void check_results(const Call &c, const std::vector<shms_tensor_ref> &results) {
     const uint64_t begin = c.out_block->offset, end = begin + align64(c.out_block->nbytes);
-    for (size_t k = 0; k < c.results.size(); k++) {
-      const shms_tensor_ref &t = c.results[k];
+    for (size_t k = 0; k < results.size(); k++) {
+      const shms_tensor_ref &t = results[k];
       const shms_tensor_ref &want = c.out_refs[k];
       if (t.index != want.index || t.offset != want.offset || t.nbytes > want.nbytes || t.offset < begin ||
           t.offset + t.nbytes > end || t.ndim > SHMS_MAX_DIMS || t.dtype == SHMS_TYPE_INVALID ||
@@ -327,6 +390,13 @@ class Engine : public std::enable_shared_from_this<Engine> {
   char *arena_at(uint64_t offset) const { return arena + offset; }
 
  private:
+  /// A stream the caller stops reading: the model is asked to stop (shms_slot_cancel);
+  /// slot and buffers stay reserved until its final response.
+  void cancel(Call &c) {
+    shms_slot_cancel(&slots[c.slot]);
+    abandon(c);
+  }
+
   /// The caller gave up waiting: slot and buffers stay reserved until the answer.
   void abandon(Call &c) {
     std::lock_guard<std::mutex> g(mu);
@@ -401,6 +471,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
       shms_answer a;
       if (!shms_slot_read_answer(&slots[s], &a)) continue;
       c->status = a.status;
+      c->response_index = a.response_index;
+      c->response_flags = a.response_flags;
       c->error = a.error;
       c->results.assign(a.results, a.results + std::min<size_t>(a.n_results, c->out_refs.size()));
       std::memcpy(c->t_ns.data(), a.t_ns, sizeof a.t_ns);

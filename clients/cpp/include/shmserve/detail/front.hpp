@@ -13,7 +13,7 @@ struct Front {
   /// arena into it (one block with the output buffers), and sends the request.
   static std::shared_ptr<Call> submit(Engine &e, const std::string &model_name, const std::vector<Input> &inputs,
                                       const std::vector<std::string> &outputs, int64_t version,
-                                      const RequestOptions &options = {}) {
+                                      const RequestOptions &options = {}, uint32_t extra_flags = 0) {
     auto call = std::make_shared<Call>();
     const std::string params = encode_parameters(options.parameters);
     call->priority = options.priority;
@@ -26,7 +26,7 @@ struct Front {
                                  std::to_string(SHMS_MAX_SEQUENCE_ID_BYTES) + ")");
     call->sequence_id = options.sequence_id;
     call->flags = (options.sequence_start ? SHMS_REQUEST_SEQUENCE_START : 0u) |
-                  (options.sequence_end ? SHMS_REQUEST_SEQUENCE_END : 0u);
+                  (options.sequence_end ? SHMS_REQUEST_SEQUENCE_END : 0u) | extra_flags;
     call->model = e.model(model_name, version);
     const ModelInfo &m = *call->model;
     if (inputs.size() > SHMS_MAX_TENSORS)
@@ -96,12 +96,15 @@ struct Front {
   }
 
   /// The outputs of a finished call: views of its output block, which they keep.
-  static Result result(Engine &e, const Call &c) {
+  static Result result(Engine &e, const Call &c) { return result(e, c, c.results); }
+
+  /// Outputs of one response of a stream call (the final one: c.results).
+  static Result result(Engine &e, const Call &c, const std::vector<shms_tensor_ref> &results) {
     Result r;
     r.model_ = c.model->name;
     r.version_ = c.model->version;
     r.t_ns_ = c.t_ns;
-    for (const shms_tensor_ref &t : c.results) {
+    for (const shms_tensor_ref &t : results) {
       Output o;
       o.index = t.index;
       o.name = c.model->outputs.at(t.index).name;
