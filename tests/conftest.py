@@ -7,8 +7,9 @@
   SHMSERVE_RUNTIME_DIR (set with monkeypatch so that Client(name) finds it).
 
 Every server is torn down even when the test failed: SIGTERM, wait, SIGKILL of its
-process group if needed; then the teardown fails the test if a segment with the
-server's prefix is left in /dev/shm or a process of its group is still alive.
+process group if needed; the teardown fails the test if, before the stop, a process
+of the server held or mapped a /dev/shm segment of its own (there should be none:
+every segment is a memfd), or if a process of its group is still alive after it.
 """
 from __future__ import annotations
 

@@ -103,6 +103,22 @@ def _raw(arr: np.ndarray) -> bytes:
     return P.encode_bytes(arr) if arr.dtype == object else arr.tobytes()
 
 
+def test_cpp_client_at_the_open_file_limit_says_the_descriptors_were_cut_off(cpp_build,
+                                                                             main_server):
+    """Room for the control socket (descriptor 3) and none for the hello reply's two:
+    the kernel drops them (MSG_CTRUNC) and the client says so, naming the limit."""
+    import resource
+
+    def at_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    r = subprocess.run([str(cpp_build / "shmserve_infer"), "simple", "--name", main_server.name],
+                       capture_output=True, text=True, timeout=60, preexec_fn=at_limit,
+                       env={**os.environ, "SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "cut off (MSG_CTRUNC" in r.stderr and "open-file limit" in r.stderr, r.stderr
+
+
 def test_cpp_and_python_clients_return_identical_bytes(cpp_build, main_server, client, tmp_path):
     rng = np.random.default_rng(7)
     models = ["simple", "identity"] + [f"id_{d}" for d in DTYPES if d != "BF16" or HAVE_BF16]

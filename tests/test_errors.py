@@ -113,11 +113,15 @@ def test_tensor_larger_than_arena_names_the_tensor(main_server, make_client):
     assert "INPUT0" in e.value.msg, e.value.msg
 
 
-def test_arena_larger_than_server_allows(main_server):
+@pytest.mark.parametrize("arena_bytes", [1 << 41, -1])
+def test_arena_larger_than_server_allows(main_server, arena_bytes):
+    """The refusal names the range and that 0 (which it accepts) means the default."""
     with pytest.raises(errors.InvalidArgumentError) as e:
         shmserve.Client(main_server.name, socket_path_=str(main_server.socket_path),
-                        arena_bytes=1 << 41)
-    assert "--max-arena-bytes" in e.value.msg and str(1 << 40) in e.value.msg, e.value.msg
+                        arena_bytes=arena_bytes)
+    assert e.value.msg.startswith(f"arena of {arena_bytes} bytes refused: this server allows "
+                                  f"1 to {1 << 40} bytes (--max-arena-bytes), or 0 for its "
+                                  "default of "), e.value.msg
 
 
 def _queued_sleeper(policy: str):
@@ -220,6 +224,39 @@ def test_arena_larger_than_available_memory(main_server):
                         arena_bytes=want)
     msg = e.value.msg
     assert "not enough space in memory for the arena" in msg and "MiB free" in msg, msg
+
+
+AT_FILE_LIMIT = """
+import os, resource, sys
+import shmserve
+name, path = sys.argv[1], sys.argv[2]
+shmserve.Client(name, socket_path_=path, arena_bytes=1 << 16).close()  # everything imported
+top = max(int(n) for n in os.listdir("/proc/self/fd"))
+while True:  # fill every free descriptor number up to the highest in use
+    fd = os.open("/dev/null", os.O_RDONLY)
+    if fd > top:
+        os.close(fd)
+        break
+resource.setrlimit(resource.RLIMIT_NOFILE, (fd + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+try:  # room for the socket (descriptor fd), none for the arena and the control segment
+    shmserve.Client(name, socket_path_=path, arena_bytes=1 << 16)
+except shmserve.ShmServeError as e:
+    print(type(e).__name__, e)
+"""
+
+
+def test_hello_descriptors_cut_off_at_the_open_file_limit(main_server):
+    """A client at its open-file limit cannot receive the hello reply's descriptors:
+    the kernel drops them and flags MSG_CTRUNC; the client says so (and why), instead
+    of counting descriptors or mapping the wrong ones."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", AT_FILE_LIMIT, main_server.name,
+                        str(main_server.socket_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("ShmServeError ") and "cut off (MSG_CTRUNC" in r.stdout and \
+        "open-file limit" in r.stdout, r.stdout
 
 
 def test_model_that_raises(client):

@@ -4,7 +4,8 @@ and the soak runner:
     with ServerProcess(repo, log_path=tmp / "server.log") as server:   # started, ready
         client = server.client(arena_bytes=1 << 20)
         ...
-    # stopped with SIGTERM; RuntimeError if a process was left
+    # stopped with SIGTERM; RuntimeError if a process was left, or it held a
+    # /dev/shm segment of its own
 
 or, to report rather than raise: `server.start()`, then `problems = server.teardown()`.
 

@@ -83,7 +83,12 @@ class Engine:
                 f"no shmserve server named '{name}' is running (control socket {path}: "
                 f"{e.strerror}); start one with `shmserve serve`") from None
         self._sock_lock = threading.Lock()
-        hello, fds = self.call(P.Hello(P.PROTOCOL_VERSION, os.getpid(), arena_bytes or 0), _fds=2)
+        try:
+            hello, fds = self.call(P.Hello(P.PROTOCOL_VERSION, os.getpid(), arena_bytes or 0),
+                                   _fds=2)
+        except BaseException:
+            self._sock.close()  # no lease: the server ends it with the connection
+            raise
         self.client_id = hello.client_id
         self.server_pid = hello.server_pid
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
@@ -133,6 +138,8 @@ class Engine:
             try:
                 self._sock.sendall(frame)
                 wire, fds = P.recv_frame_fds(self._sock, _fds)
+            except P.TruncatedDescriptors as e:
+                raise errors.ShmServeError(f"server '{self.name}': {e}", P.Status.INTERNAL) from None
             except (OSError, ConnectionError) as e:
                 raise errors.ServerDeadError(f"server '{self.name}' is gone ({e})") from None
         try:

@@ -317,6 +317,11 @@ class UnknownOperation(ValueError):
     """A request whose "op" no message declares."""
 
 
+class TruncatedDescriptors(Exception):
+    """The kernel cut off the descriptors sent with a frame (MSG_CTRUNC): the process
+    is at its open-file limit, or passed too small a control buffer."""
+
+
 def decode_request(wire: dict) -> Message:
     """The request of a decoded frame. ValueError (the reply's code 1, malformed) for a
     field of the wrong type, "op" included (msgpack bin is not str), or a missing one;
@@ -374,13 +379,21 @@ def recv_frame(sock: socket.socket) -> dict:
 def recv_frame_fds(sock: socket.socket, max_fds: int = 1) -> tuple[dict, list[int]]:
     """A frame and the descriptors sent with it (SCM_RIGHTS on its first bytes: the
     hello reply carries the arena's and the control segment's memfds). The caller owns
-    the descriptors."""
+    the descriptors. A short read of the header is read on; the descriptors come with
+    whichever read returns the frame's first byte. TruncatedDescriptors (what was
+    received closed) if the kernel cut them off."""
     header, fds = b"", []
     while len(header) < FRAME_HEADER.size:
         if max_fds:
-            data, got, _, _ = socket.recv_fds(sock, FRAME_HEADER.size - len(header), max_fds,
-                                              socket.MSG_CMSG_CLOEXEC)
+            data, got, flags, _ = socket.recv_fds(sock, FRAME_HEADER.size - len(header),
+                                                  max_fds, socket.MSG_CMSG_CLOEXEC)
             fds += got
+            if flags & socket.MSG_CTRUNC:
+                for fd in fds:
+                    os.close(fd)
+                raise TruncatedDescriptors(
+                    f"the descriptors sent with the reply were cut off (MSG_CTRUNC; {len(fds)} "
+                    f"received): this process is probably at its open-file limit (ulimit -n)")
         else:
             data = sock.recv(FRAME_HEADER.size - len(header))
         if not data:

@@ -31,8 +31,9 @@ class ControlPlane:
                                 f"(server speaks {P.PROTOCOL_VERSION})", P.Status.INVALID_ARG)
         want = hello.arena_bytes or self.opts.default_arena_bytes
         if want <= 0 or want > self.opts.max_arena_bytes:
-            raise ShmServeError(f"arena of {want} bytes refused: this server allows 1 byte to "
-                                f"{self.opts.max_arena_bytes} bytes (--max-arena-bytes)",
+            raise ShmServeError(f"arena of {want} bytes refused: this server allows 1 to "
+                                f"{self.opts.max_arena_bytes} bytes (--max-arena-bytes), or 0 "
+                                f"for its default of {self.opts.default_arena_bytes} bytes",
                                 P.Status.INVALID_ARG)
         now = time.monotonic()
         client_id = None

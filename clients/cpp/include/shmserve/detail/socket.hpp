@@ -105,7 +105,11 @@ class ControlSocket {
     return control::parse_body(body.data(), body.size());
   }
 
-  /// One recvmsg of up to n bytes; the descriptors that come with it go to fds.
+  /// One recvmsg of up to n bytes; the descriptors that come with it go to fds. A
+  /// short read is normal (the caller reads on); the descriptors come with the read
+  /// that returns the frame's first byte. MSG_CTRUNC (the kernel dropped descriptors:
+  /// at the open-file limit, or too small a buffer): every descriptor received is
+  /// closed and ProtocolError says so.
   size_t recv_with_fds(char *p, size_t n, std::vector<int> *fds) {
     for (;;) {
       iovec iov{p, n};
@@ -126,6 +130,14 @@ class ControlSocket {
           std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
           fds->push_back(fd);
         }
+      }
+      if (msg.msg_flags & MSG_CTRUNC) {
+        size_t got = fds->size();
+        for (int fd : *fds) ::close(fd);
+        fds->clear();
+        throw ProtocolError("the descriptors sent with the reply were cut off (MSG_CTRUNC; " +
+                            std::to_string(got) +
+                            " received): this process is probably at its open-file limit (ulimit -n)");
       }
       return static_cast<size_t>(r);
     }
