@@ -38,8 +38,7 @@ from ..errors import ConfigError, UnavailableError
 from ..pb_utils import bls, logger
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
-from ..pb_utils.messages import incoming
-from ..pb_utils.tensor import wrap
+from ..pb_utils.messages import received
 from ..protocol import Status
 from ..server import devices
 from . import Instance
@@ -135,12 +134,7 @@ class Backend:
         """requests: per request, (its inputs as (name, array view) pairs, its requested
         output names, its parameters dict). Returns per request {output name: array}, or
         (status, message) for an error."""
-        reqs = []
-        for inputs, requested, parameters in requests:  # loops, not comprehensions: cheaper
-            by_name = {}
-            for name, array in inputs:
-                by_name[name] = wrap(name, array)
-            reqs.append(incoming(by_name, requested, parameters))
+        reqs = received(requests)
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:
