@@ -407,6 +407,9 @@ def write_repository(repo) -> None:
     (repo / "auto" / "1" / "model.py").write_text(AUTO_CODE)  # and no config.pbtxt
     write_model(repo, "introspect", INTROSPECT_CONFIG, INTROSPECT_CODE)
     write_model(repo, "picky", PICKY_CONFIG, PICKY_CODE)
+    # no queue delay: a lone request is a batch of one (the worker's C path)
+    write_model(repo, "picky_one", PICKY_CONFIG.replace('"picky"', '"picky_one"').replace(
+        "preferred_batch_size: [ 3 ] max_queue_delay_microseconds: 10000000", ""), PICKY_CODE)
     write_model(repo, "views", VIEWS_CONFIG, VIEWS_CODE)
     write_model(repo, "bls_sync", BLS_CONFIG.replace("{name}", "bls_sync"), BLS_SYNC_CODE)
     write_model(repo, "bls_async", BLS_CONFIG.replace("{name}", "bls_async"), BLS_ASYNC_CODE)
@@ -519,6 +522,29 @@ def test_each_request_of_a_batch_gets_its_own_answer_or_error(client):
     with pytest.raises(shmserve.InternalError, match="^5555 refused$"):
         futures[0].result(30)
     np.testing.assert_array_equal(futures[2].result(30)["OUTPUT0"], (good + 1) * 2)
+
+
+def test_a_lone_request_gets_its_answer_or_error(client):
+    """A batch of one request asking for every output, without parameters, takes the
+    worker's C path: the same answers and errors as in a batch of several."""
+    good = np.array([[1.0, 2.0]], np.float32)
+    np.testing.assert_array_equal(client.infer("picky_one", {"INPUT0": good})["OUTPUT0"], good * 2)
+    with pytest.raises(shmserve.InvalidArgumentError, match="^negative input$"):
+        client.infer("picky_one", {"INPUT0": -good})
+    with pytest.raises(shmserve.InternalError, match="^5555 refused$"):
+        client.infer("picky_one", {"INPUT0": good * 0 + 5555})
+    with pytest.raises(shmserve.InternalError, match="model 'picky_one' output 'OUTPUT0' is "
+                                                     "float64, config says float32"):
+        client.infer("picky_one", {"INPUT0": good * 0 + 7777})
+    with pytest.raises(shmserve.InternalError,
+                       match="model 'picky_one' raised ValueError: poison in the batch"):
+        client.infer("picky_one", {"INPUT0": good * 0 + 9999})
+    with pytest.raises(shmserve.InternalError,
+                       match=r"model 'picky_one': execute\(\) returned 0 responses for 1 requests"):
+        client.infer("picky_one", {"INPUT0": good * 0 + 3333})
+    out = client.infer("picky_one", {"INPUT0": good + 1}, parameters={"p": 1})  # the Python path
+    np.testing.assert_array_equal(out["OUTPUT0"], (good + 1) * 2)
+    assert set(batch_sizes(client, "picky_one")) == {1}
 
 
 def test_a_model_that_raises_fails_its_whole_batch(client):

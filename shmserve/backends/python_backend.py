@@ -38,8 +38,7 @@ from ..errors import ConfigError, UnavailableError
 from ..pb_utils import bls, logger
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
-from ..pb_utils.messages import incoming
-from ..pb_utils.tensor import wrap
+from ..pb_utils.messages import received
 from ..protocol import Status
 from ..server import devices
 from . import Instance
@@ -135,12 +134,7 @@ class Backend:
         """requests: per request, (its inputs as (name, array view) pairs, its requested
         output names, its parameters dict). Returns per request {output name: array}, or
         (status, message) for an error."""
-        reqs = []
-        for inputs, requested, parameters in requests:  # loops, not comprehensions: cheaper
-            by_name = {}
-            for name, array in inputs:
-                by_name[name] = wrap(name, array)
-            reqs.append(incoming(by_name, requested, parameters))
+        reqs = received(requests)
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:
@@ -177,8 +171,7 @@ class Backend:
         """A decoupled model's execute (server/stream.py): requests as
         execute_requests's, each with its ResponseStream last; the model sends through
         request.get_response_sender(). Returns what execute() returned (None)."""
-        reqs = [incoming({n: wrap(n, a) for n, a in inputs}, requested, parameters, stream)
-                for inputs, requested, parameters, stream in requests]
+        reqs = received([r[:3] for r in requests], [r[3] for r in requests])
         if self._loop is not None:
             return self._loop.run_until_complete(self.model.execute(reqs))
         return self.model.execute(reqs)

@@ -154,16 +154,34 @@ class InferenceRequest:
         return await bls.execute_async(self)
 
 
-def incoming(by_name: dict, requested, parameters: dict, stream=None) -> InferenceRequest:
-    """A request execute() receives (no checks: the batcher validated it). by_name:
-    {input name: Tensor}; requested: the output names (a list or tuple, not changed);
-    stream: a decoupled model's server/stream.py ResponseStream, None otherwise."""
-    r = _new(InferenceRequest)
-    r._by_name, r._inputs, r._requested, r._parameters = by_name, None, requested, parameters
-    r._model_name, r._model_version, r._request_id = "", -1, ""
-    r._correlation_id, r._flags, r._timeout_us = 0, 0, 0
-    r._stream, r._sender = stream, None
-    return r
+def received(requests, streams=None) -> list[InferenceRequest]:
+    """The requests execute() receives, from the backend's (input (name, array) pairs,
+    requested output names, parameters dict) per request: no checks (the batcher
+    validated them), Tensors built in place (once per input of every request).
+    streams: a decoupled model's server/stream.py ResponseStream per request."""
+    new = _new
+    out = []
+    for inputs, requested, parameters in requests:
+        by_name = {}
+        for name, array in inputs:
+            t = new(Tensor)
+            t._name = name
+            t._array = array
+            by_name[name] = t
+        r = new(InferenceRequest)
+        r._by_name = by_name
+        r._inputs = None
+        r._requested = requested
+        r._parameters = parameters
+        r._model_name = r._request_id = ""
+        r._model_version = -1
+        r._correlation_id = r._flags = r._timeout_us = 0
+        r._stream = r._sender = None
+        out.append(r)
+    if streams is not None:
+        for r, stream in zip(out, streams):
+            r._stream = stream
+    return out
 
 
 class InferenceResponseSender:
