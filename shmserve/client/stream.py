@@ -33,11 +33,25 @@ class ResponseStream:
         return self
 
     def __next__(self) -> StreamResponse:
+        return self._next(self._timeout, False)
+
+    def poll(self, timeout: float) -> StreamResponse | None:
+        """The next response, or None when none came within `timeout` seconds: the
+        request stays in flight (for a reader that also watches something else between
+        waits, as the gRPC front watches its caller). StopIteration after the final."""
+        return self._next(timeout, True)
+
+    def _next(self, timeout: float | None, polling: bool) -> StreamResponse | None:
         if not self._open:
             raise StopIteration
         try:
-            got = self._engine.wait_stream(self._req, self._slot_off, self._timeout)
-        except BaseException:  # timed out, server gone, interrupted: the request is cancelled
+            got = self._engine.wait_stream(self._req, self._slot_off, timeout)
+        except errors.ServerTimeoutError:
+            if polling:
+                return None
+            self.close()
+            raise
+        except BaseException:  # server gone, interrupted: the request is cancelled
             self.close()
             raise
         status, message, results, stamps, index, final, empty = got
@@ -85,6 +99,14 @@ class ResponseStream:
                 arr = raw.view(P.numpy_dtype(dtype)).reshape(shape).copy()
             arrays[names[index_]] = arr
         return StreamResponse(arrays, stamps, plan.name, plan.version, index, final)
+
+    def stop(self) -> None:
+        """Asks the model to stop (its is_cancelled() turns True) and keeps the request:
+        the responses it still sends are dropped, and reading goes on until its final
+        flag (StopIteration), after which slot and buffers are free. For a reader that
+        must know when the slot is free (the gRPC front); call from the reading thread."""
+        if self._open:
+            self._engine._ops.cancel(self._slot_off)
 
     def cancel(self) -> None:
         """Asks the model to stop; no further response is read. The request's slot and

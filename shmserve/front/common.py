@@ -1,5 +1,6 @@
 """What the HTTP and gRPC fronts answer alike, whatever the wire: Triton's words for a
-model it does not serve, server readiness, a model's metadata."""
+model it does not serve or a decoupled model on an endpoint that answers once, server
+readiness, a model's metadata, which model versions are decoupled."""
 from __future__ import annotations
 
 # The extensions the fronts serve, by Triton's names (GET /v2, ServerMetadata).
@@ -12,6 +13,40 @@ def not_found_message(model: str, version) -> str:
     """Triton's words for a model (or version) it does not serve."""
     what = f"'{model}'" if version is None else f"'{model}' version {version}"
     return f"Request for unknown model: {what} is not found"
+
+
+def decoupled_refused(endpoint: str, model: str) -> str:
+    """Triton's words for a decoupled model (0..n responses per request) sent to an
+    endpoint that answers each request once (endpoint: "ModelInfer RPC", "HTTP end
+    point"), naming the model and the way that serves it."""
+    return (f"{endpoint} doesn't support models with decoupled transaction policy: model "
+            f"'{model}' is decoupled (model_transaction_policy decoupled); stream its responses "
+            "with the gRPC ModelStreamInfer RPC (tritonclient.grpc: start_stream, "
+            "async_stream_infer)")
+
+
+class Decoupled:
+    """Whether a model version is decoupled (its config's model_transaction_policy),
+    by the version's handle: read once from its config, again after a reload (a new
+    handle)."""
+
+    def __init__(self):
+        self.by_handle: dict[int, bool] = {}
+
+    async def of(self, plan, control, client) -> bool:
+        """plan: the client engine's Plan of the version; control(fn, *args): the
+        front's bounded control call."""
+        decoupled = self.by_handle.get(plan.id)
+        if decoupled is None:
+            from ..server.repository import parse_config
+
+            text = await control(client.model_config, plan.name, plan.version)
+            config = parse_config(text, f"model '{plan.name}'")
+            decoupled = bool(config.model_transaction_policy.decoupled)
+            if len(self.by_handle) > 1024:  # mostly handles of unloaded versions
+                self.by_handle.clear()
+            self.by_handle[plan.id] = decoupled
+        return decoupled
 
 
 def server_ready(models: list[dict]) -> bool:

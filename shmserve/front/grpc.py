@@ -10,14 +10,23 @@ the port with SO_REUSEPORT (grpcio's default) and the kernel spreads connections
 them. Tensors are checked by codec.py, as the HTTP front's are; raw input contents go
 from the message into the arena in one copy (the engine's), outputs go from the arena
 into the serialized answer in one copy (encode_response writes the raw output contents'
-wire format itself, rather than three copies through a protobuf message). Errors carry Triton's status codes and words; a ModelStreamInfer
-request that fails is answered on the stream with its error_message, as Triton does.
+wire format itself, rather than three copies through a protobuf message). Errors carry
+Triton's status codes and words; a ModelStreamInfer request that fails is answered on
+the stream with its error_message, as Triton does.
+
+A decoupled model (model_transaction_policy decoupled: 0..n responses per request) is
+served on ModelStreamInfer only, as in Triton: each response it sends is one message of
+the stream (Service.stream), read from the engine by a thread of the front's pool
+(Service.pump); ModelInfer refuses it.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
 import logging
 import signal
+import threading
 
 import grpc
 import numpy as np
@@ -29,8 +38,8 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
-    parse_version, server_ready
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, Decoupled, decoupled_refused, model_metadata, \
+    not_found_message, parse_version, server_ready
 from .shm import SystemSharedMemory
 
 log = logging.getLogger("shmserve.front")
@@ -49,6 +58,11 @@ CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_conte
 # RPCs of extensions shmserve does not serve yet: UNIMPLEMENTED, naming them.
 NOT_YET: dict[str, str] = {}
 LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
+# Triton's request parameter asking for the final flag of a decoupled model's request as
+# an empty response when it comes alone, and the response parameter marking the last.
+EMPTY_FINAL, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
+STREAM_POLL_S = 0.05  # a stream's reader looks whether its caller left this often
+_END = object()  # the end of one decoupled request's responses (Service.pump)
 
 # Field numbers of what encode_response writes itself (service.proto).
 RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
@@ -69,15 +83,19 @@ def _field(number: int, data) -> list:
     return [_varint(number << 3 | 2) + _varint(len(data)), data]
 
 
-def encode_response(result, datatypes: dict, request_id: str, in_shm: dict | None = None) -> bytes:
+def encode_response(result, datatypes: dict, request_id: str, in_shm: dict | None = None,
+                    final: bool | None = None) -> bytes:
     """A serialized ModelInferResponse: its small fields through protobuf, then each
     output's raw_output_contents appended as wire-format fields straight from the
     arena (a parser merges repeated fields wherever they stand): one copy. An output
     written to shared memory (in_shm: {name: (region, bytes written)}) names its
     region and size in its parameters and has empty raw contents (tritonclient finds
-    each output's raw contents by position)."""
+    each output's raw contents by position). final: on a stream, whether this is the
+    request's last response (Triton's triton_final_response parameter)."""
     head = pb.ModelInferResponse(model_name=result.model_name,
                                  model_version=str(result.model_version), id=request_id)
+    if final is not None:
+        head.parameters[FINAL_RESPONSE].bool_param = final
     parts = [None]
     for name in result:
         arr = result[name]
@@ -93,6 +111,40 @@ def encode_response(result, datatypes: dict, request_id: str, in_shm: dict | Non
         parts += _field(RAW_OUTPUT_CONTENTS, data)
     parts[0] = head.SerializeToString()
     return b"".join(parts)
+
+
+def _final_response(request, final: bool = True) -> pb.ModelInferResponse:
+    """A response of a stream without outputs: names the request it answers."""
+    response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                     model_version=request.model_version)
+    response.parameters[FINAL_RESPONSE].bool_param = final
+    return response
+
+
+def _stream_error(request, message: str, final: bool | None = None) -> pb.ModelStreamInferResponse:
+    """An error answered on a stream; final: of an error response a decoupled model sent."""
+    if final is None:
+        response = pb.ModelInferResponse(id=request.id, model_name=request.model_name,
+                                         model_version=request.model_version)
+    else:
+        response = _final_response(request, final)
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=response)
+
+
+@dataclasses.dataclass
+class Call:
+    """A ModelInferRequest checked and decoded (Service.prepare)."""
+    request: object  # the ModelInferRequest
+    model: str
+    version: int | None
+    decoupled: bool  # the model streams its responses (model_transaction_policy)
+    empty_final: bool  # triton_enable_empty_final_response
+    arrays: dict
+    names: list  # the outputs asked for; [] for all
+    options: dict  # Client.infer's request options
+    counts: dict  # {output: k} asked for as classes
+    out_shm: dict  # {output: shared memory spec}
+    targets: dict  # {output: where in shared memory it is written}
 
 
 class GrpcError(Exception):
@@ -227,6 +279,12 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self.max_stream_in_flight = max_in_flight  # requests of one stream read ahead
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
         self.labels = classification.Labels()
+        self.decoupled = Decoupled()
+        # A decoupled request's reader (pump) waits in a thread for each response; one
+        # each, never more than the slots (in_flight), nor in the control calls' pool.
+        self.stream_threads = concurrent.futures.ThreadPoolExecutor(
+            max_in_flight, thread_name_prefix="grpc-stream")
+        self.closing = threading.Event()  # the front stops: readers stop draining
 
     async def control(self, fn, *args, timeout: float = CONTROL_TIMEOUT_S):
         """A control-plane call of the engine, in a thread, bounded in time."""
@@ -351,13 +409,32 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return await self._answer(context, self.infer(request))
 
     async def infer(self, request) -> bytes:
-        """The serialized ModelInferResponse (the method's serializer passes bytes on)."""
+        """The serialized ModelInferResponse (the method's serializer passes bytes on).
+        A decoupled model is refused, as Triton refuses it: it answers on streams only."""
+        call = await self.prepare(request)
+        if call.decoupled:
+            raise GrpcError(grpc.StatusCode.UNIMPLEMENTED,
+                            decoupled_refused("ModelInfer RPC", call.model))
+        return await self.infer_once(call)
+
+    async def prepare(self, request) -> Call:
+        """The request checked and decoded, its inputs ready to send."""
         model = request.model_name
         version = _version(model, request.model_version)
         # Request parameters as the HTTP front maps them (Triton's): priority, timeout,
         # the sequence extension's, any other key the model's.
         params = _parameters(request.parameters)
         codec.check_parameters(params, codec.REQUEST_PARAMETERS, "request", "gRPC", custom=True)
+        empty_final = params.pop(EMPTY_FINAL, False)  # Triton's, not the model's
+        if not isinstance(empty_final, bool):
+            raise codec.BadRequest(f"invalid value type for '{EMPTY_FINAL}' parameter, "
+                                   "expected bool_param")
+        try:
+            plan = self.client.engine.plan(model, version)
+        except errors.ModelNotFoundError:
+            raise GrpcError(grpc.StatusCode.NOT_FOUND,
+                            not_found_message(model, version)) from None
+        decoupled = await self.decoupled.of(plan, self.control, self.client)
         options = codec.request_options({"parameters": params})
         in_shm = shm_regions(request.inputs, "input")
         out_shm = shm_regions(request.outputs, "output")
@@ -373,45 +450,56 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                                        shape=shape, model=model, empty=self.client.empty)
 
         arrays = decode_inputs(request, in_shm, read_shm)
-        names = [o.name for o in request.outputs]
+        return Call(request, model, version, decoupled, empty_final, arrays,
+                    [o.name for o in request.outputs], options, counts, out_shm, targets)
+
+    async def infer_once(self, call: Call, final: bool | None = None) -> bytes:
+        """One request, one answer (final: as encode_response's)."""
         async with self.in_flight:
             try:
-                result = await self.client.infer_async(model, arrays, names or None, version,
-                                                       **options)
+                result = await self.client.infer_async(call.model, call.arrays, call.names or None,
+                                                       call.version, **call.options)
             except errors.ModelNotFoundError:
                 raise GrpcError(grpc.StatusCode.NOT_FOUND,
-                                not_found_message(model, version)) from None
+                                not_found_message(call.model, call.version)) from None
+        return await self.encode(call, result, final)
+
+    async def encode(self, call: Call, result, final: bool | None = None) -> bytes:
+        """The serialized answer to `call` of one result (an InferResult, or a response
+        of a stream): classified, its outputs written to shared memory where asked."""
         outputs = result  # as answered: classified outputs are their classes
         try:
-            meta = self.client.engine.plan(model, version).meta
+            meta = self.client.engine.plan(call.model, call.version).meta
             datatypes = {t["name"]: t["datatype"] for t in meta["outputs"]}
-            if counts:
+            if call.counts:
                 outputs = await classification.classified(
-                    result, counts, meta, datatypes,
+                    result, call.counts, meta, datatypes,
                     self.labels.of(meta, self.control, self.client))
-            written = {name: (out_shm[name][0],
+            written = {name: (call.out_shm[name][0],
                               self.shm.write_output(target, name, outputs[name], datatypes[name]))
-                       for name, target in targets.items() if name in outputs}
-            return encode_response(outputs, datatypes, request.id, written)
+                       for name, target in call.targets.items() if name in outputs}
+            return encode_response(outputs, datatypes, call.request.id, written, final)
         finally:
             result.release()  # the arena's block is free as soon as the bytes are copied
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Each request is answered on the stream as soon as it is done (requests run
-        concurrently, as Triton's do); a failed one gets an error_message response
-        and the stream goes on."""
+        concurrently, as Triton's do, and a decoupled model's responses interleave with
+        the others'); a failed one gets an error_message response and the stream goes
+        on. A caller that cancels the stream cancels its requests in flight."""
         answers: asyncio.Queue = asyncio.Queue()
         pending: set[asyncio.Task] = set()
 
         async def one(request):
             try:
-                answer = b"".join(_field(STREAM_INFER_RESPONSE, await self.infer(request)))
+                call = await self.prepare(request)
+                if call.decoupled:
+                    await self.stream(call, answers.put)
+                    return
+                answer = b"".join(_field(STREAM_INFER_RESPONSE,
+                                         await self.infer_once(call, final=True)))
             except Exception as e:
-                answer = pb.ModelStreamInferResponse(
-                    error_message=_error(e).message,
-                    infer_response=pb.ModelInferResponse(
-                        id=request.id, model_name=request.model_name,
-                        model_version=request.model_version))
+                answer = _stream_error(request, _error(e).message)
             await answers.put(answer)
 
         async def read():
@@ -435,7 +523,77 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             reader.cancel()
             for task in list(pending):
-                task.cancel()
+                task.cancel()  # a decoupled request's task stops its model (stream())
+
+    async def stream(self, call: Call, emit) -> None:
+        """A decoupled model's request: each response it sends is emitted (emit(answer))
+        as one ModelStreamInferResponse, with Triton's triton_final_response parameter;
+        an error response as an error_message, and the next ones follow. The final flag
+        sent alone is emitted as an empty response only when the caller asked for it
+        (triton_enable_empty_final_response), as Triton does. The responses are read by
+        a thread of the front's own pool (pump) and handed to the loop; cancelling this
+        coroutine (the caller left) stops the model, and returns once its slot is free."""
+        loop = asyncio.get_running_loop()
+        responses: asyncio.Queue = asyncio.Queue()
+        stop = threading.Event()
+
+        def deliver(item) -> None:
+            try:
+                loop.call_soon_threadsafe(responses.put_nowait, item)
+            except RuntimeError:  # the loop closed: the front is stopping
+                pass
+
+        async with self.in_flight:  # the request holds a slot until its final flag
+            pump = loop.run_in_executor(self.stream_threads, self.pump, call, deliver, stop)
+            try:
+                final_seen = False
+                while (item := await responses.get()) is not _END:
+                    if isinstance(item, Exception):  # the request's own error
+                        raise item
+                    final_seen = item.final
+                    if item.error is not None:  # an error response the model sent
+                        item.release()
+                        await emit(_stream_error(call.request, _error(item.error).message,
+                                                 item.final))
+                        continue
+                    answer = await self.encode(call, item, item.final)
+                    await emit(b"".join(_field(STREAM_INFER_RESPONSE, answer)))
+                if call.empty_final and not final_seen:  # the final flag came alone
+                    await emit(pb.ModelStreamInferResponse(infer_response=_final_response(
+                        call.request)))
+            finally:
+                stop.set()
+                await pump
+
+    def pump(self, call: Call, deliver, stop: threading.Event) -> None:
+        """In a thread: sends the request and delivers each response (StreamResponse),
+        the request's error (an exception) and then _END. Once `stop` is set the model
+        is asked to stop and the responses it still sends are dropped until its final
+        flag, so the slot is free when this returns (or abandoned to the engine's reaper,
+        when the front stops first)."""
+        stream = None
+        try:
+            stream = self.client.infer_stream(call.model, call.arrays, call.names or None,
+                                              call.version, **call.options)
+            stopping = False
+            while not (stopping and self.closing.is_set()):
+                if not stopping and (stop.is_set() or self.closing.is_set()):
+                    stream.stop()  # the model's is_cancelled() turns True
+                    stopping = True
+                try:
+                    response = stream.poll(STREAM_POLL_S)
+                except StopIteration:
+                    break
+                if response is not None and not stopping:
+                    deliver(response)
+        except Exception as e:  # noqa: BLE001 - the request's error, answered on the stream
+            if not stop.is_set():
+                deliver(e)
+        finally:
+            if stream is not None:
+                stream.close()
+            deliver(_END)
+
 
     # -- system shared memory (front/shm.py: one registry for every front) -------------
     async def SystemSharedMemoryStatus(self, request, context):
@@ -576,7 +734,8 @@ async def serve(boot: dict, client: Client) -> None:
 
     options, _ = server_options(boot)
     server = grpc.aio.server(options=options)
-    add_service(Service(client, boot["slots_per_client"]), server)
+    service = Service(client, boot["slots_per_client"])
+    add_service(service, server)
     address = boot["address"]
     target = f"[{address}]:{boot['port']}" if ":" in address else f"{address}:{boot['port']}"
     try:
@@ -605,7 +764,9 @@ async def serve(boot: dict, client: Client) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_stop)
     await stop.wait()
+    service.closing.set()
     await server.stop(2)  # requests in flight get 2 s to finish, as the HTTP front's
+    service.stream_threads.shutdown(wait=False, cancel_futures=True)
 
 
 def main() -> None:

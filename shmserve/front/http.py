@@ -27,8 +27,8 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, model_metadata, not_found_message, \
-    parse_version, server_ready
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, Decoupled, decoupled_refused, model_metadata, \
+    not_found_message, parse_version, server_ready
 
 from .shm import SystemSharedMemory
 
@@ -64,11 +64,13 @@ class Front:
 
     def __init__(self, client: Client, max_in_flight: int, arena_bytes: int):
         self.client = client
-        self.arena_bytes = arena_bytes  # no request's binary inputs can need more        # submit() waits (blocking) for a free slot or arena space: never let this
+        self.arena_bytes = arena_bytes  # no request's binary inputs can need more
+        # submit() waits (blocking) for a free slot or arena space: never let this
         # process ask for more than its lease holds, so the loop is never blocked.
         self.in_flight = asyncio.Semaphore(max_in_flight)
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
         self.labels = classification.Labels()
+        self.decoupled = Decoupled()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -321,6 +323,12 @@ class Front:
                                               empty=self.client.empty)
             targets = {name: self.shm.output_target(*spec) for name, spec in shm_out.items()}
         arrays = {t.name: t.finish() for t in inputs}
+        try:
+            plan = self.client.engine.plan(model, version)
+        except errors.ModelNotFoundError:
+            raise HttpError(404, not_found_message(model, version)) from None
+        if await self.decoupled.of(plan, self.control, self.client):  # as Triton: 501
+            raise HttpError(501, decoupled_refused("HTTP end point", model))
         async with self.in_flight:
             try:
                 result = await self.client.infer_async(model, arrays, names, version, **options)
