@@ -454,9 +454,9 @@ class Soak:
             pm = counts["per_model"][m]
             errs = sum(v for k, v in pm.items() if k.startswith("error"))
             s = stats.get(m, {})
-            counts = s.get("inference_stats", {})
-            print(f"  {m:<10}{pm['ok']:>14}{errs:>14}{counts.get('success', {}).get('count', 0):>14}"
-                  f"{counts.get('fail', {}).get('count', 0):>14}")
+            served = s.get("inference_stats", {})
+            print(f"  {m:<10}{pm['ok']:>14}{errs:>14}{served.get('success', {}).get('count', 0):>14}"
+                  f"{served.get('fail', {}).get('count', 0):>14}")
         print(f"{'server RSS (MiB)':<22}{'start':>10}{'peak':>10}{'end':>10}{'growth':>10}")
         for label, s, p, e, g in rss_rows:
             f = lambda v: f"{v / 1024:.1f}" if v else "-"  # noqa: E731
