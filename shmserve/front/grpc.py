@@ -591,10 +591,10 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
     def pump(self, call: Call, deliver, stop: threading.Event) -> None:
         """In a thread: sends the request (then delivers _SENT) and delivers each
-        response (StreamResponse), the request's error (an exception) and then _END. Once `stop` is set the model
-        is asked to stop and the responses it still sends are dropped until its final
-        flag, so the slot is free when this returns (or abandoned to the engine's reaper,
-        when the front stops first)."""
+        response (StreamResponse), the request's error (an exception) and then _END.
+        Once `stop` is set the model is asked to stop and the responses it still sends
+        are dropped until its final flag, so the slot is free when this returns (or left
+        to the engine's reaper, when the front stops first)."""
         stream = None
         try:
             stream = self.client.infer_stream(call.model, call.arrays, call.names or None,
@@ -618,7 +618,6 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             if stream is not None:
                 stream.close()
             deliver(_END)
-
 
     # -- system shared memory (front/shm.py: one registry for every front) -------------
     async def SystemSharedMemoryStatus(self, request, context):
