@@ -231,6 +231,26 @@ def test_cancellation_by_the_caller_reaches_the_model(client, tmp_path):
     assert values(client.infer_stream("stream", n_in(2), timeout=30)) == [0, 1]
 
 
+def test_poll_and_stop_keep_the_request_until_its_final_flag(client, tmp_path):
+    """poll() gives the next response (the request stays in flight between polls);
+    stop() asks the model to stop and reading goes on until its final flag, after which
+    the slot is free at once (what the gRPC front's reader relies on)."""
+    marker = tmp_path / "stopped"
+    stream = client.infer_stream("stream", n_in(0), timeout=30,
+                                 parameters={"mode": "until_cancelled", "marker": str(marker)})
+    first = None
+    while first is None:
+        first = stream.poll(1.0)
+    assert values([first]) == [0]
+    stream.stop()
+    with pytest.raises(StopIteration):
+        while True:
+            stream.poll(1.0)  # what the model still sends is dropped
+    assert marker.read_text().startswith("cancelled after")  # written before its final flag
+    assert client.engine.counters["slots_busy"] == 0
+    assert values(client.infer_stream("stream", n_in(2), timeout=30)) == [0, 1]
+
+
 def _dies_mid_stream(runtime_dir: str, name: str, marker: str, ready) -> None:
     os.environ["SHMSERVE_RUNTIME_DIR"] = runtime_dir
     c = shmserve.Client(name, arena_bytes=1 << 20)

@@ -17,6 +17,7 @@ import helpers
 from helpers import poll_until, python_config, write_model
 from test_decoupled import STREAM_CODE, STREAM_CONFIG
 from test_metrics import free_port
+from test_sequence import STATE_ACC_CODE, seq_config
 
 grpc = pytest.importorskip("grpc", reason="grpcio is not installed")
 tg = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is not installed")
@@ -37,6 +38,7 @@ REFUSED = "doesn't support models with decoupled transaction policy: model 'stre
 
 def write_repository(repo):
     write_model(repo, "stream", CONFIG, STREAM_CODE)
+    write_model(repo, "seq", seq_config("seq", "direct { }"), STATE_ACC_CODE)
     write_model(repo, "identity", python_config("identity", dims=(-1,)), '''
 class TritonPythonModel:
     def execute(self, inputs):
@@ -247,6 +249,30 @@ def test_stream_of_a_model_that_is_not_decoupled(client):
         rest = s.close()
     assert error is None and rest == []
     assert result.get_response().id == "once" and final_flag(result) is True
+
+
+def test_sequences_on_one_stream_run_in_its_order(client):
+    """Sequences driven over one stream, the way tritonclient users do: every request
+    sent without waiting, sequences interleaved, the first requests while the front
+    still learns the model (is it decoupled?). The requests are sent to the engine in
+    the stream's order, so each answer is its sequence's running sum."""
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    sequences, steps = (11, 12, 13, 14), 5
+    try:
+        for step in range(steps):
+            for corrid in sequences:
+                inp = tg.InferInput("INPUT0", [1, 1], "INT64")
+                inp.set_data_from_numpy(np.array([[corrid * step]], np.int64))
+                client.async_stream_infer("seq", [inp], request_id=f"{corrid}-{step}",
+                                          sequence_id=corrid, sequence_start=step == 0,
+                                          sequence_end=step == steps - 1)
+        got = [answers.get(timeout=60) for _ in range(len(sequences) * steps)]
+    finally:
+        client.stop_stream()
+    assert all(e is None for _, e in got), [e for _, e in got if e is not None]
+    sums = {r.get_response().id: int(r.as_numpy("OUTPUT0")[0, 0]) for r, _ in got}
+    assert sums == {f"{c}-{k}": c * k * (k + 1) // 2 for c in sequences for k in range(steps)}
 
 
 def test_aio_stream_infer(front):

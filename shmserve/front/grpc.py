@@ -62,7 +62,7 @@ LOAD_TIMEOUT_S = 600.0  # a load or unload waits for workers, or for a drain
 # an empty response when it comes alone, and the response parameter marking the last.
 EMPTY_FINAL, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_final_response"
 STREAM_POLL_S = 0.05  # a stream's reader looks whether its caller left this often
-_END = object()  # the end of one decoupled request's responses (Service.pump)
+_END, _SENT = object(), object()  # a decoupled request was answered, was sent (Service.pump)
 
 # Field numbers of what encode_response writes itself (service.proto).
 RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
@@ -111,6 +111,11 @@ def encode_response(result, datatypes: dict, request_id: str, in_shm: dict | Non
         parts += _field(RAW_OUTPUT_CONTENTS, data)
     parts[0] = head.SerializeToString()
     return b"".join(parts)
+
+
+def _set(future: asyncio.Future | None) -> None:
+    if future is not None and not future.done():
+        future.set_result(None)
 
 
 def _final_response(request, final: bool = True) -> pb.ModelInferResponse:
@@ -453,12 +458,18 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         return Call(request, model, version, decoupled, empty_final, arrays,
                     [o.name for o in request.outputs], options, counts, out_shm, targets)
 
-    async def infer_once(self, call: Call, final: bool | None = None) -> bytes:
-        """One request, one answer (final: as encode_response's)."""
+    async def infer_once(self, call: Call, final: bool | None = None,
+                         sent: asyncio.Future | None = None) -> bytes:
+        """One request, one answer (final: as encode_response's); `sent` is set once
+        the request is on its way to the engine."""
         async with self.in_flight:
             try:
-                result = await self.client.infer_async(call.model, call.arrays, call.names or None,
-                                                       call.version, **call.options)
+                try:
+                    future = self.client.submit(call.model, call.arrays, call.names or None,
+                                                call.version, **call.options)
+                finally:
+                    _set(sent)
+                result = await asyncio.wrap_future(future)
             except errors.ModelNotFoundError:
                 raise GrpcError(grpc.StatusCode.NOT_FOUND,
                                 not_found_message(call.model, call.version)) from None
@@ -486,28 +497,37 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         """Each request is answered on the stream as soon as it is done (requests run
         concurrently, as Triton's do, and a decoupled model's responses interleave with
         the others'); a failed one gets an error_message response and the stream goes
-        on. A caller that cancels the stream cancels its requests in flight."""
+        on. Requests go to the engine in the stream's order (each waits until the one
+        before it was sent: a sequence's requests keep their order, as in Triton). A
+        caller that cancels the stream cancels its requests in flight."""
         answers: asyncio.Queue = asyncio.Queue()
         pending: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
 
-        async def one(request):
+        async def one(request, after: asyncio.Future | None, sent: asyncio.Future):
             try:
                 call = await self.prepare(request)
+                if after is not None:
+                    await after
                 if call.decoupled:
-                    await self.stream(call, answers.put)
+                    await self.stream(call, answers.put, sent)
                     return
                 answer = b"".join(_field(STREAM_INFER_RESPONSE,
-                                         await self.infer_once(call, final=True)))
+                                         await self.infer_once(call, True, sent)))
             except Exception as e:
                 answer = _stream_error(request, _error(e).message)
+            finally:
+                _set(sent)
             await answers.put(answer)
 
         async def read():
             try:
+                sent = None  # the previous request's: set once it was sent
                 async for request in request_iterator:
                     if len(pending) >= self.max_stream_in_flight:  # the caller waits (flow control)
                         await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
-                    task = asyncio.create_task(one(request))
+                    after, sent = sent, loop.create_future()
+                    task = asyncio.create_task(one(request, after, sent))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                 while pending:
@@ -525,14 +545,15 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(pending):
                 task.cancel()  # a decoupled request's task stops its model (stream())
 
-    async def stream(self, call: Call, emit) -> None:
+    async def stream(self, call: Call, emit, sent: asyncio.Future | None = None) -> None:
         """A decoupled model's request: each response it sends is emitted (emit(answer))
         as one ModelStreamInferResponse, with Triton's triton_final_response parameter;
         an error response as an error_message, and the next ones follow. The final flag
         sent alone is emitted as an empty response only when the caller asked for it
         (triton_enable_empty_final_response), as Triton does. The responses are read by
-        a thread of the front's own pool (pump) and handed to the loop; cancelling this
-        coroutine (the caller left) stops the model, and returns once its slot is free."""
+        a thread of the front's own pool (pump) and handed to the loop; `sent` is set once
+        the request is on its way. Cancelling this coroutine (the caller left) stops the
+        model, and returns once its slot is free."""
         loop = asyncio.get_running_loop()
         responses: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
@@ -548,6 +569,9 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 final_seen = False
                 while (item := await responses.get()) is not _END:
+                    if item is _SENT:
+                        _set(sent)
+                        continue
                     if isinstance(item, Exception):  # the request's own error
                         raise item
                     final_seen = item.final
@@ -566,15 +590,16 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                 await pump
 
     def pump(self, call: Call, deliver, stop: threading.Event) -> None:
-        """In a thread: sends the request and delivers each response (StreamResponse),
-        the request's error (an exception) and then _END. Once `stop` is set the model
-        is asked to stop and the responses it still sends are dropped until its final
-        flag, so the slot is free when this returns (or abandoned to the engine's reaper,
-        when the front stops first)."""
+        """In a thread: sends the request (then delivers _SENT) and delivers each
+        response (StreamResponse), the request's error (an exception) and then _END.
+        Once `stop` is set the model is asked to stop and the responses it still sends
+        are dropped until its final flag, so the slot is free when this returns (or left
+        to the engine's reaper, when the front stops first)."""
         stream = None
         try:
             stream = self.client.infer_stream(call.model, call.arrays, call.names or None,
                                               call.version, **call.options)
+            deliver(_SENT)
             stopping = False
             while not (stopping and self.closing.is_set()):
                 if not stopping and (stop.is_set() or self.closing.is_set()):
@@ -593,7 +618,6 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             if stream is not None:
                 stream.close()
             deliver(_END)
-
 
     # -- system shared memory (front/shm.py: one registry for every front) -------------
     async def SystemSharedMemoryStatus(self, request, context):
