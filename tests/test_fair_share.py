@@ -179,36 +179,18 @@ def test_no_limit_by_default_and_the_parameter_is_checked(tmp_path):
 
 # -- server tests: a recording model on a gate ----------------------------------------
 
-# Logs each request's parameter "tag" as it runs (one request per execution), and
-# holds the instance while the request has "block", until the file "gate" exists.
-GATED_RECORDER_CODE = '''
-import json, os, time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.dir = args["model_repository"]
-
-    def execute(self, requests):
-        params = [json.loads(r.parameters()) for r in requests]
-        with open(os.path.join(self.dir, "ran.jsonl"), "a") as f:
-            for p in params:
-                f.write(json.dumps(p.get("tag")) + "\\n")
-        if any(p.get("block") for p in params):
-            gate, until = os.path.join(self.dir, "gate"), time.monotonic() + 120
-            while not os.path.exists(gate) and time.monotonic() < until:
-                time.sleep(0.002)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
-            for r in requests]
-'''
+# test_priorities' recorder: logs each batch's request tags (parameter "tag") and holds
+# the instance while a request has "block", until the file "gate" exists.
+from test_priorities import GATED_RECORDER_CODE  # noqa: E402
 
 X = np.ones((1, 1), np.float32)
 
 
 def ran(model_dir: Path) -> list:
-    path = model_dir / "ran.jsonl"
-    return [json.loads(s) for s in path.read_text().splitlines()] if path.exists() else []
+    """The tags of the requests the model ran, in order (its batches flattened)."""
+    path = model_dir / "batches.jsonl"
+    return [tag for line in (path.read_text().splitlines() if path.exists() else [])
+            for tag in json.loads(line)]
 
 
 def gated_server(server_factory, dynamic="{ }", extra="", args=()):
