@@ -25,30 +25,6 @@ def decoupled_refused(endpoint: str, model: str) -> str:
             "async_stream_infer)")
 
 
-class Decoupled:
-    """Whether a model version is decoupled (its config's model_transaction_policy),
-    by the version's handle: read once from its config, again after a reload (a new
-    handle)."""
-
-    def __init__(self):
-        self.by_handle: dict[int, bool] = {}
-
-    async def of(self, plan, control, client) -> bool:
-        """plan: the client engine's Plan of the version; control(fn, *args): the
-        front's bounded control call."""
-        decoupled = self.by_handle.get(plan.id)
-        if decoupled is None:
-            from ..server.repository import parse_config
-
-            text = await control(client.model_config, plan.name, plan.version)
-            config = parse_config(text, f"model '{plan.name}'")
-            decoupled = bool(config.model_transaction_policy.decoupled)
-            if len(self.by_handle) > 1024:  # mostly handles of unloaded versions
-                self.by_handle.clear()
-            self.by_handle[plan.id] = decoupled
-        return decoupled
-
-
 def server_ready(models: list[dict]) -> bool:
     """Ready: the server serves models and every one of them is READY."""
     return bool(models) and all(m["state"] == "READY" for m in models)

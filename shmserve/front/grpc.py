@@ -38,7 +38,7 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, Decoupled, decoupled_refused, model_metadata, \
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, model_metadata, \
     not_found_message, parse_version, server_ready
 from .shm import SystemSharedMemory
 
@@ -284,7 +284,6 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         self.max_stream_in_flight = max_in_flight  # requests of one stream read ahead
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
         self.labels = classification.Labels()
-        self.decoupled = Decoupled()
         # A decoupled request's reader (pump) waits in a thread for each response; one
         # each, never more than the slots (in_flight), nor in the control calls' pool.
         self.stream_threads = concurrent.futures.ThreadPoolExecutor(
@@ -439,7 +438,6 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         except errors.ModelNotFoundError:
             raise GrpcError(grpc.StatusCode.NOT_FOUND,
                             not_found_message(model, version)) from None
-        decoupled = await self.decoupled.of(plan, self.control, self.client)
         options = codec.request_options({"parameters": params})
         in_shm = shm_regions(request.inputs, "input")
         out_shm = shm_regions(request.outputs, "output")
@@ -455,7 +453,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                                        shape=shape, model=model, empty=self.client.empty)
 
         arrays = decode_inputs(request, in_shm, read_shm)
-        return Call(request, model, version, decoupled, empty_final, arrays,
+        return Call(request, model, version, plan.meta["decoupled"], empty_final, arrays,
                     [o.name for o in request.outputs], options, counts, out_shm, targets)
 
     async def infer_once(self, call: Call, final: bool | None = None,

@@ -27,7 +27,7 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, Decoupled, decoupled_refused, model_metadata, \
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, model_metadata, \
     not_found_message, parse_version, server_ready
 
 from .shm import SystemSharedMemory
@@ -70,7 +70,6 @@ class Front:
         self.in_flight = asyncio.Semaphore(max_in_flight)
         self.shm = SystemSharedMemory(client)  # the regions of every front (front/shm.py)
         self.labels = classification.Labels()
-        self.decoupled = Decoupled()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -327,7 +326,7 @@ class Front:
             plan = self.client.engine.plan(model, version)
         except errors.ModelNotFoundError:
             raise HttpError(404, not_found_message(model, version)) from None
-        if await self.decoupled.of(plan, self.control, self.client):  # as Triton: 501
+        if plan.meta["decoupled"]:  # as Triton: 501
             raise HttpError(501, decoupled_refused("HTTP end point", model))
         async with self.in_flight:
             try:

@@ -219,6 +219,7 @@ class ModelMetadata(Message):
     inputs: list  # [{name, datatype, shape}], shape with -1 for the batch and any size
     outputs: list
     state: str = "LOADING"  # READY, or UNAVAILABLE: <reason>
+    decoupled: bool = False  # model_transaction_policy decoupled: answers stream requests only
 
 
 @dataclasses.dataclass

@@ -173,6 +173,7 @@ class ModelSpec:
             "version": self.version,
             "platform": self.backend,
             "max_batch_size": self.max_batch_size,
+            "decoupled": self.decoupled,
             "inputs": [{"name": t.name, "datatype": t.dtype_name, "shape": batch + list(t.dims)}
                        for t in self.inputs],
             "outputs": [{"name": t.name, "datatype": t.dtype_name, "shape": batch + list(t.dims)}
