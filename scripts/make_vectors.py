@@ -37,7 +37,7 @@ SIMPLE_META = {
                {"name": "INPUT1", "datatype": "INT32", "shape": [-1, 16]}],
     "outputs": [{"name": "OUTPUT0", "datatype": "INT32", "shape": [-1, 16]},
                 {"name": "OUTPUT1", "datatype": "INT32", "shape": [-1, 16]}],
-    "state": "READY"}
+    "state": "READY", "decoupled": False}
 
 
 def _request_slot(*options) -> bytearray:
