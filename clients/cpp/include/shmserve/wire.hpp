@@ -196,6 +196,7 @@ struct ModelInfo {
   uint32_t max_batch_size = 0;
   std::vector<TensorSpec> inputs, outputs;  // position = tensor index
   std::string state = "LOADING";            // READY, UNAVAILABLE: ..., LOADING
+  bool decoupled = false;  // answers stream requests only (Client::infer_stream)
   bool batched() const { return max_batch_size > 0; }
   bool ready() const { return state == "READY"; }
   int input_index(std::string_view n) const { return find(inputs, n); }
@@ -203,7 +204,7 @@ struct ModelInfo {
   template <class S, class V> static void visit(S &s, V &&v) {
     v("id", s.id), v("name", s.name), v("version", s.version), v("platform", s.platform);
     v("max_batch_size", s.max_batch_size), v("inputs", s.inputs), v("outputs", s.outputs);
-    v("state", s.state, wire::kOptional);
+    v("state", s.state, wire::kOptional), v("decoupled", s.decoupled, wire::kOptional);
   }
 
  private:
