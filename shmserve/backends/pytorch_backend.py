@@ -1,4 +1,5 @@
-"""PyTorch backend (`backend: "pytorch"` / `platform: "pytorch_libtorch"`), on the CPU.
+"""PyTorch backend (`backend: "pytorch"` / `platform: "pytorch_libtorch"`), on the CPU
+or a GPU (docs/gpu.md: callers' device tensors by CUDA IPC, page-locked arenas).
 
 The model file (default_model_filename, default model.pt) is a TorchScript module
 (torch.jit.save: model.pt) or, for a name ending in .pt2, a torch.export program
@@ -80,6 +81,9 @@ class Backend:
             raise UnavailableError(f"{where}: the pytorch backend needs torch, which is not "
                                    f"installed ({e}; pip install 'shmserve[torch]')") from None
         self.torch, self.spec = torch, spec
+        # set by a worker that reads callers' device memory (gpu/ipc.py): outputs stay
+        # torch tensors on the GPU, copied by the worker into a caller's arena or device buffer
+        self.outputs_on_device = False
         self.device = torch.device("cpu")
         if instance.kind == "GPU":
             if not torch.cuda.is_available():
@@ -187,9 +191,14 @@ class Backend:
 
     # -- execute -------------------------------------------------------------------------
     def _tensor(self, value):
+        if isinstance(value, self.torch.Tensor):  # a caller's device tensor (CUDA IPC)
+            return value.to(self.device)
         if value.dtype == object:  # BYTES: List[str]
             return [v.decode() if isinstance(v, bytes) else str(v) for v in value.reshape(-1)]
-        return self.torch.from_numpy(np.ascontiguousarray(value)).to(self.device)
+        # From a GPU worker's page-locked arena the copy is one asynchronous DMA, ordered
+        # before the model on the same stream; the arena holds the bytes until answered.
+        return self.torch.from_numpy(np.ascontiguousarray(value)).to(
+            self.device, non_blocking=self.device.type == "cuda")
 
     def execute(self, inputs: dict) -> dict:
         torch = self.torch
@@ -231,6 +240,8 @@ class Backend:
                             dtype=object)
         if not isinstance(value, self.torch.Tensor):
             raise ValueError(f"output '{name}' is a {type(value).__name__}, not a Tensor")
+        if self.outputs_on_device:  # the worker copies it once, straight to where it goes
+            return value.detach()
         return value.detach().cpu().numpy()
 
     def close(self):

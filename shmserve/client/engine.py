@@ -20,25 +20,48 @@ import dataclasses
 import math
 import os
 import socket
+import sys
 import threading
 import time
 
 import numpy as np
 
 from .. import errors
+from .. import _core
 from .. import protocol as P
 from .._core import ClientCore
 from ..protocol import LAYOUT as L
 from ..segments import DEFAULT_NAME, Segment, pid_alive, socket_path
 from .arena import ArenaAllocator, ArenaFull
-from .request import _DTYPE_CODE, Plan, Request, sources, version_key, wanted
+from .request import (_DTYPE_CODE, DEVICE, Plan, Request, destinations, sources, version_key,
+                      wanted)
 from .result import InferResult
 from .stream import EMPTY, ResponseStream
+
+RECORD_BYTES = L["cuda_ipc.size"]  # a device tensor's CUDA IPC record in the arena
+CUDA_IPC = int(P.MemoryKind.CUDA_IPC)
 
 _BYTES = P.DataType.BYTES
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
 SPIN_US = 100  # a caller spins at least this long for its answer before it sleeps
 MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that long
+
+
+def DeviceSourceType():
+    """gpu.ipc.DeviceSource where that module was loaded (a device tensor was sent)."""
+    mod = sys.modules.get("shmserve.gpu.ipc")
+    return mod.DeviceSource if mod is not None else None
+
+
+def _written(destinations: dict, index: int, shape: tuple, model: str):
+    """A device output, written by the server into the caller's own tensor."""
+    src, tensor = destinations[index]
+    count = int(np.prod(shape, dtype=np.int64))
+    if count * src.dtype.itemsize > src.nbytes:
+        raise errors.BadDescriptorError(f"model '{model}': server answered with an output "
+                                        "larger than the device buffer it was given")
+    return tensor if tuple(tensor.shape) == tuple(shape) else \
+        tensor.reshape(-1)[:count].reshape(shape)
 
 
 def _aligned(n: int) -> int:
@@ -126,6 +149,7 @@ class Engine:
         self._remember_models(hello.models)
         self._poller: threading.Thread | None = None
         self._closed = False
+        self._events = None  # gpu.ipc.SlotEvents, once a device tensor is sent
 
     # -- control plane ------------------------------------------------------------
     def call(self, request: P.Message, _fds: int = 0):
@@ -347,6 +371,7 @@ class Engine:
         req.plan = plan = self.plan(model, version)
         req.sources = sources(plan, inputs, self._locate)
         req.wanted = wanted(plan, outputs)
+        req.destinations = destinations(plan, outputs)
         req.copy, req.retried, req.block, req.options = copy, False, None, options
         req.future = future or (concurrent.futures.Future() if with_future else None)
         req.call = (model, inputs, outputs, version)
@@ -366,9 +391,14 @@ class Engine:
         rows = 1
         if plan.batched and req.sources and req.sources[0][4]:
             rows = int(req.sources[0][4][0])
-        layout, size, in_bytes = [], 0, 0
+        layout, size, in_bytes, records = [], 0, 0, []
         for index, code, data, offset, shape in req.sources:
             nbytes = len(data) if code == _BYTES else data.nbytes
+            if offset == DEVICE:  # in device memory: its CUDA IPC record in the block
+                in_bytes += nbytes
+                layout.append((index, code, data, size, nbytes, shape))
+                size += _aligned(RECORD_BYTES)
+                continue
             if nbytes > self._alloc.capacity:
                 raise errors.InvalidArgumentError(
                     f"model '{plan.name}' input '{plan.meta['inputs'][index]['name']}' holds "
@@ -382,14 +412,20 @@ class Engine:
                 layout.append((index, code, None, offset, nbytes, shape))
             self._py_inputs["inputs_copied" if offset < 0 else "inputs_adopted"] += 1
         outputs = []
+        destinations = getattr(req, "destinations", None) or {}
         for index, name, itemsize, dims in req.wanted:
+            if index in destinations:  # the caller's device buffer: a record here
+                src = destinations[index][0]
+                outputs.append((index, 0, size, src.nbytes, (), src))
+                size += _aligned(RECORD_BYTES)
+                continue
             if needed and index in needed:
                 nbytes = needed[index]
             elif dims is not None:
                 nbytes = rows * int(math.prod(dims)) * itemsize
             else:
                 nbytes = max(in_bytes, 4096)
-            outputs.append((index, 0, size, nbytes, ()))
+            outputs.append((index, 0, size, nbytes, (), None))
             size += _aligned(nbytes)
         packed = req.options[3] if req.options is not None else None
         params_at = size  # the packed parameters after the output buffers, as the C path
@@ -408,13 +444,25 @@ class Engine:
         req.string_id_offset = block + string_id_at if string_id else 0
         refs = []
         for index, code, data, offset, nbytes, shape in layout:
+            if data.__class__ is DeviceSourceType():  # its record is written at _send
+                records.append((block + offset, data))
+                refs.append(_core.TensorRef((index, code, block + offset, nbytes, shape,
+                                             CUDA_IPC, data.ordinal)))
+                continue
             if data is not None:
                 offset += block
                 self._ops.put(offset, data)
             refs.append((index, code, offset, nbytes, shape))
         req.block, req.block_bytes = block, size
-        req.outputs = [(i, c, block + o, n, s) for i, c, o, n, s in outputs]
+        req.outputs = []
+        for i, c, o, n, s, src in outputs:
+            if src is None:
+                req.outputs.append((i, c, block + o, n, s))
+            else:  # an output's record: no event (the worker synchronizes before answering)
+                self._ops.put(block + o, src.record(None))
+                req.outputs.append(_core.TensorRef((i, c, block + o, n, s, CUDA_IPC, src.ordinal)))
         req.sources_refs = refs
+        req.device_records = records
 
     def _send(self, req: Request) -> None:
         slot = self._acquire_slot()
@@ -423,6 +471,11 @@ class Engine:
         req.generation = gen = self._core.register(slot, req, req.future is not None)
         slot_off = self._slots_offset + slot * P.SLOT_BYTES
         try:
+            records = getattr(req, "device_records", None)
+            if records:  # the inputs' event, recorded now on their streams, for this slot
+                event = self._device_events().record(slot, [src for _, src in records])
+                for offset, src in records:
+                    self._ops.put(offset, src.record(event))
             if req.options is None:
                 self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
             else:
@@ -431,8 +484,8 @@ class Engine:
                                         flags, priority, timeout_us, req.params_offset,
                                         len(packed) if packed else 0, sequence_id,
                                         req.string_id_offset, len(string_id[0]) if string_id else 0)
-        except (ValueError, TypeError, OverflowError) as e:  # e.g. more dims than MAX_DIMS
-            self._core.release_slot(slot)
+        except (ValueError, TypeError, OverflowError, RuntimeError) as e:  # e.g. more dims
+            self._core.release_slot(slot)  # than MAX_DIMS, a CUDA error recording the event
             raise errors.InvalidArgumentError(f"model '{req.plan.name}': {e}") from None
         try:
             rc = self._ring.push_request(self.client_id, slot, gen, self.check_server)
@@ -533,7 +586,8 @@ class Engine:
     def _answered(self, req: Request, answer: tuple):
         """An answer the C core left to Python: (status, message, results, stamps)."""
         status, message, results, stamps = answer
-        if status == P.Status.OUTPUT_TOO_SMALL and not req.retried:
+        if status == P.Status.OUTPUT_TOO_SMALL and not req.retried and \
+                not getattr(req, "destinations", None):  # a device buffer cannot grow
             self._alloc.free(req.block, req.block_bytes)
             req.retried = True
             self._prepare(req, {r[0]: r[3] for r in results})
@@ -586,7 +640,12 @@ class Engine:
         block = np.frombuffer(owner, np.uint8)
         names = req.plan.output_names
         arrays = {}
-        for index, dtype, offset, nbytes, shape in results:
+        destinations = getattr(req, "destinations", None)
+        for ref in results:
+            index, dtype, offset, nbytes, shape = ref
+            if ref.__class__ is _core.TensorRef and ref.memory_kind and destinations:
+                arrays[names[index]] = _written(destinations, index, shape, req.plan.name)
+                continue
             if index >= len(names) or offset < begin or offset + nbytes > end:
                 raise errors.BadDescriptorError(f"model '{req.plan.name}': server answered with "
                                                 "an output outside the buffers it was given")
@@ -604,6 +663,13 @@ class Engine:
         else:  # views of `block` keep its owner alive; the memory returns after the last
             blocks = [owner]
         return InferResult(arrays, stamps, req.plan.name, req.plan.version, blocks)
+
+    def _device_events(self):
+        """The slots' interprocess events (gpu/ipc.py), made once a device tensor is sent."""
+        if self._events is None:
+            from ..gpu.ipc import SlotEvents
+            self._events = SlotEvents()
+        return self._events
 
     def _wait_any_completion(self) -> bool:
         """Waits until an in-flight request of this client finishes (arena pressure).
@@ -686,6 +752,8 @@ class Engine:
             return
         self._closed = True
         self._core.close()
+        if self._events is not None:
+            self._events.close()
         self._fail_all(errors.ServerDeadError("client closed"))
         try:
             self._sock.close()

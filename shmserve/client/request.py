@@ -15,6 +15,9 @@ _DTYPE_CODE = {np.dtype(t): P.dtype_code(np.dtype(t)) for t in
                 np.uint64, np.float16, np.float32, np.float64)}
 
 
+DEVICE = -2  # sources(): the tensor is in device memory (a gpu.ipc.DeviceSource)
+
+
 class Plan:
     """What the client needs of one (model, version), worked out once."""
 
@@ -43,6 +46,9 @@ class Request:
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
                  "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset",
                  "string_id_offset",
+                 # CUDA IPC (gpu/ipc.py): [(record offset, DeviceSource)] of the inputs,
+                 # {output index: (DeviceSource, caller's tensor)} of device outputs
+                 "device_records", "destinations",
                  # (model, inputs, outputs, version) as the caller gave them, while the
                  # request may be sent again to a model resolved again (reloaded)
                  "call")
@@ -55,7 +61,7 @@ def version_key(version) -> int | None:
 
 def sources(plan: Plan, inputs, locate) -> list:
     """(index, dtype code, array or encoded bytes, arena offset or -1, shape) per
-    input. locate(array) is the array's offset in the caller's arena, or -1 when it
+    input (a device tensor: a gpu.ipc.DeviceSource and DEVICE). locate(array) is the array's offset in the caller's arena, or -1 when it
     is not there (then it is copied in once)."""
     if not isinstance(inputs, collections.abc.Mapping):
         inputs = list(inputs)
@@ -71,6 +77,9 @@ def sources(plan: Plan, inputs, locate) -> list:
             raise errors.InvalidArgumentError(
                 f"model '{plan.name}' has no input '{name}' "
                 f"(inputs: {', '.join(plan.input_index)})")
+        if not isinstance(value, np.ndarray) and hasattr(value, "__cuda_array_interface__"):
+            sources.append(_device_source(plan, f"input '{name}'", index, value))
+            continue
         arr = value if isinstance(value, np.ndarray) else np.asarray(value)
         code = _DTYPE_CODE.get(arr.dtype) or _dtype_code(plan, name, arr)
         if code == _BYTES:
@@ -83,6 +92,42 @@ def sources(plan: Plan, inputs, locate) -> list:
     return sources
 
 
+def _device_source(plan: Plan, what: str, index: int, value) -> tuple:
+    """A tensor in device memory, sent by CUDA IPC (gpu/ipc.py): (index, dtype code,
+    DeviceSource, DEVICE, shape), as sources() gives the others."""
+    from ..gpu import driver, ipc  # libcuda: loaded only when a device tensor is sent
+    try:
+        src = ipc.DeviceSource(value, f"model '{plan.name}' {what}")
+    except (driver.CudaError, ValueError, TypeError, KeyError) as e:
+        raise errors.InvalidArgumentError(f"model '{plan.name}' {what}: cannot send this "
+                                          f"device tensor ({e})") from None
+    code = _DTYPE_CODE.get(src.dtype)
+    if code is None:
+        raise errors.InvalidArgumentError(f"model '{plan.name}' {what}: device tensors of "
+                                          f"{src.dtype} are not supported")
+    return index, code, src, DEVICE, src.shape
+
+
+def destinations(plan: Plan, outputs) -> dict:
+    """{output index: DeviceSource} for outputs the caller wants written into its own
+    device buffers: outputs={"name": device_tensor, "other": None}."""
+    if not isinstance(outputs, collections.abc.Mapping):
+        return {}
+    found = {}
+    for name, value in outputs.items():
+        if value is None:
+            continue
+        if not hasattr(value, "__cuda_array_interface__"):
+            raise errors.InvalidArgumentError(
+                f"model '{plan.name}' output '{name}': a destination must be a device tensor "
+                f"(__cuda_array_interface__: torch, cupy), got {type(value).__name__}; "
+                "None lets the server write it into this client's arena")
+        index = plan.output_index.get(name)
+        if index is not None:
+            found[index] = (_device_source(plan, f"output '{name}'", index, value)[2], value)
+    return found
+
+
 def _dtype_code(plan: Plan, name: str, arr: np.ndarray) -> int:
     try:
         return P.dtype_code(arr.dtype)
@@ -91,9 +136,12 @@ def _dtype_code(plan: Plan, name: str, arr: np.ndarray) -> int:
 
 
 def wanted(plan: Plan, outputs) -> list:
-    """The output specs (Plan.outputs entries) a request asks for; default all."""
+    """The output specs (Plan.outputs entries) a request asks for; default all. A
+    mapping names them by its keys (its values: destinations())."""
     if outputs is None:
         return plan.outputs
+    if isinstance(outputs, collections.abc.Mapping):
+        outputs = list(outputs)
     if isinstance(outputs, str):
         outputs = [outputs]
     wanted = []

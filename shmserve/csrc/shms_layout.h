@@ -191,11 +191,12 @@ using namespace shms_detail;
 
 #define SHMS_MAILBOX_STATE_LIST(X) X(SHMS_MAILBOX_IDLE, IDLE, 0) X(SHMS_MAILBOX_ASSIGNED, ASSIGNED, 1)
 
-/* Where a tensor's bytes live (shms_tensor_ref.memory_kind). Version 2 servers
- * accept HOST_ARENA only; the others are reserved for the GPU path. */
+/* Where a tensor's bytes live (shms_tensor_ref.memory_kind). CUDA_IPC: device
+ * memory, named by the shms_cuda_ipc record that `offset` points at in the caller's
+ * arena; accepted by models whose entry sets device_memory (docs/gpu.md). */
 #define SHMS_MEMORY_KIND_LIST(X)                                                      \
   X(SHMS_MEMORY_HOST_ARENA, HOST_ARENA, 0) /* the caller's arena, at `offset` */      \
-  X(SHMS_MEMORY_CUDA_IPC, CUDA_IPC, 1)     /* reserved: device memory by IPC handle */
+  X(SHMS_MEMORY_CUDA_IPC, CUDA_IPC, 1)     /* device memory: a shms_cuda_ipc record */
 
 #define SHMS_RING_RESULT_LIST(X)                                                      \
   X(SHMS_RING_OK, OK, 0) X(SHMS_RING_FULL, FULL, 1)                                   \
@@ -403,6 +404,21 @@ typedef struct shms_model_stats {
   SHMS_ATOMIC(uint64_t) latency[SHMS_DUR_COUNT][SHMS_LATENCY_BUCKETS]; /* per request */
 } shms_model_stats;
 
+/* A tensor in device memory (memory_kind CUDA_IPC): the record a tensor ref's
+ * `offset` points at in the caller's arena, in place of the tensor's bytes. The
+ * server opens mem_handle (cuIpcOpenMemHandle), checks [offset, offset + nbytes)
+ * against the allocation's real size, and, for an input with SHMS_CUDA_IPC_EVENT,
+ * makes its stream wait for the event before reading. Nothing here is trusted. */
+typedef struct shms_cuda_ipc {
+  uint8_t mem_handle[64];   /* cuIpcGetMemHandle of the allocation holding the tensor */
+  uint8_t event_handle[64]; /* cuIpcGetEventHandle of an event recorded after its writes */
+  uint64_t offset;          /* the tensor's first byte, from the allocation's base */
+  uint8_t device_uuid[16];  /* cuDeviceGetUuid of the GPU holding it */
+  uint32_t flags;           /* SHMS_CUDA_IPC_EVENT: wait for event_handle first */
+  uint32_t reserved;        /* 0 */
+} shms_cuda_ipc;
+#define SHMS_CUDA_IPC_EVENT 1u
+
 typedef struct shms_model_entry {
   char name[SHMS_NAME_BYTES];
   int64_t version;
@@ -417,6 +433,8 @@ typedef struct shms_model_entry {
   SHMS_ATOMIC(uint32_t) generation;
   SHMS_ATOMIC(uint32_t) answer_turn; /* preserve_ordering: the last batch ticket answered */
   uint32_t ragged_inputs; /* bit k: input k batches whatever its dims (allow_ragged_batch) */
+  uint32_t device_memory; /* 1: tensors may be CUDA_IPC (every instance reads device memory) */
+  uint32_t reserved_model;
   shms_tensor_spec inputs[SHMS_MAX_TENSORS];
   shms_tensor_spec outputs[SHMS_MAX_TENSORS];
   shms_model_stats stats;
@@ -500,6 +518,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 32 + sizeof(shms_request), "shms_shadow size");
 SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 72 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
 SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
 #endif
 
 /* ------------------------------------------------------------- the field table */
@@ -558,6 +577,11 @@ SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size")
   F(model, shms_model_entry, n_outputs) F(model, shms_model_entry, ready)               \
   F(model, shms_model_entry, optional_inputs) F(model, shms_model_entry, generation)   \
   F(model, shms_model_entry, answer_turn) F(model, shms_model_entry, ragged_inputs)     \
+  F(model, shms_model_entry, device_memory)                                             \
+  S(cuda_ipc, shms_cuda_ipc)                                                            \
+  F(cuda_ipc, shms_cuda_ipc, mem_handle) F(cuda_ipc, shms_cuda_ipc, event_handle)       \
+  F(cuda_ipc, shms_cuda_ipc, offset) F(cuda_ipc, shms_cuda_ipc, device_uuid)            \
+  F(cuda_ipc, shms_cuda_ipc, flags)                                                     \
   F(model, shms_model_entry, inputs) F(model, shms_model_entry, outputs)                \
   F(model, shms_model_entry, stats)                                                     \
   S(model_stats, shms_model_stats)                                                      \

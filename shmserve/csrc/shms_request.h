@@ -35,6 +35,24 @@ static inline uint64_t shms_tensor_bytes(uint32_t dtype, uint32_t ndim, const in
   return n;
 }
 
+/* Whether a tensor ref's memory kind is one the model takes: the caller's arena
+ * (device_id 0), or device memory by a CUDA IPC record where every instance of the
+ * model reads device memory (device_id: the caller's ordinal, for messages only). */
+static inline int shms_memory_kind_ok(const shms_tensor_ref *t, const shms_model_entry *m) {
+  if (t->memory_kind == SHMS_MEMORY_HOST_ARENA) return t->device_id == 0;
+  return t->memory_kind == SHMS_MEMORY_CUDA_IPC && m->device_memory;
+}
+
+static inline const char *shms_memory_kinds_taken(const shms_model_entry *m) {
+  return m->device_memory ? "it takes kind 0 (arena, device 0) or 1 (CUDA IPC)"
+                          : "it takes kind 0 (arena, device 0); 1 needs KIND_GPU pytorch";
+}
+
+/* Bytes of the caller's arena a tensor ref occupies: its data, or its CUDA IPC record. */
+static inline uint64_t shms_ref_arena_bytes(const shms_tensor_ref *t) {
+  return t->memory_kind == SHMS_MEMORY_CUDA_IPC ? sizeof(shms_cuda_ipc) : t->nbytes;
+}
+
 /* Checks a request copied out of shared memory against the model it names and
  * the bounds of the caller's arena. Never trusts a field. On failure writes a
  * message naming the model, tensor and problem into err and returns a status.
@@ -84,10 +102,9 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
     if (seen & (1u << t->index))
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' given twice", model, s->name);
     seen |= 1u << t->index;
-    if (t->memory_kind != SHMS_MEMORY_HOST_ARENA || t->device_id != 0)
-      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' is in memory kind %u device %u; "
-                "this server reads inputs from the caller's arena only (memory kind 0)",
-                model, s->name, t->memory_kind, t->device_id);
+    if (!shms_memory_kind_ok(t, m))
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' is in memory kind %u device %u; %s",
+                model, s->name, t->memory_kind, t->device_id, shms_memory_kinds_taken(m));
     if (t->dtype != s->dtype)
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' has data type %s, expected %s",
                 model, s->name, shms_dtype_name(t->dtype), shms_dtype_name(s->dtype));
@@ -120,10 +137,12 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
       SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
                 "model '%s': input '%s' data offset %llu is not a multiple of %d", model,
                 s->name, (unsigned long long)t->offset, SHMS_DATA_ALIGN);
-    if (t->offset < data_begin || t->offset > data_end || t->nbytes > data_end - t->offset)
+    if (t->offset < data_begin || t->offset > data_end ||
+        shms_ref_arena_bytes(t) > data_end - t->offset)
       SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
-                "model '%s': input '%s' data [%llu, +%llu) is outside the caller's arena", model,
-                s->name, (unsigned long long)t->offset, (unsigned long long)t->nbytes);
+                "model '%s': input '%s' %s [%llu, +%llu) is outside the caller's arena", model,
+                s->name, t->memory_kind ? "CUDA IPC record" : "data",
+                (unsigned long long)t->offset, (unsigned long long)shms_ref_arena_bytes(t));
     uint64_t need = shms_tensor_bytes(t->dtype, t->ndim, t->shape);
     if (need == UINT64_MAX)
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': input '%s' shape overflows", model, s->name);
@@ -142,19 +161,20 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
       SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output '%s' requested twice", model,
                 m->outputs[t->index].name);
     out_seen |= 1u << t->index;
-    if (t->memory_kind != SHMS_MEMORY_HOST_ARENA || t->device_id != 0)
-      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output '%s' is in memory kind %u device %u; "
-                "this server writes outputs into the caller's arena only (memory kind 0)",
-                model, m->outputs[t->index].name, t->memory_kind, t->device_id);
+    if (!shms_memory_kind_ok(t, m))
+      SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': output '%s' is in memory kind %u device %u; %s",
+                model, m->outputs[t->index].name, t->memory_kind, t->device_id,
+                shms_memory_kinds_taken(m));
     if (t->offset % SHMS_DATA_ALIGN)
       SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
                 "model '%s': output '%s' buffer offset %llu is not a multiple of %d", model,
                 m->outputs[t->index].name, (unsigned long long)t->offset, SHMS_DATA_ALIGN);
-    if (t->offset < data_begin || t->offset > data_end || t->nbytes > data_end - t->offset)
+    if (t->offset < data_begin || t->offset > data_end ||
+        shms_ref_arena_bytes(t) > data_end - t->offset)
       SHMS_FAIL(SHMS_ERR_BAD_DESCRIPTOR,
-                "model '%s': output '%s' buffer [%llu, +%llu) is outside the caller's arena",
-                model, m->outputs[t->index].name, (unsigned long long)t->offset,
-                (unsigned long long)t->nbytes);
+                "model '%s': output '%s' %s [%llu, +%llu) is outside the caller's arena",
+                model, m->outputs[t->index].name, t->memory_kind ? "CUDA IPC record" : "buffer",
+                (unsigned long long)t->offset, (unsigned long long)shms_ref_arena_bytes(t));
   }
   if (r->n_outputs == 0)
     SHMS_FAIL(SHMS_ERR_INVALID_ARG, "model '%s': request names no output buffer", model);

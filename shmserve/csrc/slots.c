@@ -277,17 +277,17 @@ static int parse_specs(PyObject *list, shms_tensor_spec *specs, uint32_t *n) {
 }
 
 /* write_model_entry(off, name, version, max_batch_size, inputs, outputs[, optional,
- * ragged]); inputs and outputs are [(name, dtype, dims)], dims without the batch
+ * ragged, device_memory]); inputs and outputs are [(name, dtype, dims)], dims without the batch
  * dimension; optional: bit k set when input k may be left out of a request; ragged:
  * bit k set when input k batches whatever its dims. Not ready. */
 static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
   unsigned long long off;
   const char *name;
   long long version;
-  unsigned int max_batch, optional = 0, ragged = 0;
+  unsigned int max_batch, optional = 0, ragged = 0, device_memory = 0;
   PyObject *inputs, *outputs;
-  if (!PyArg_ParseTuple(args, "KsLIOO|II", &off, &name, &version, &max_batch, &inputs, &outputs,
-                        &optional, &ragged))
+  if (!PyArg_ParseTuple(args, "KsLIOO|III", &off, &name, &version, &max_batch, &inputs, &outputs,
+                        &optional, &ragged, &device_memory))
     return NULL;
   shms_model_entry *m = (shms_model_entry *)shms_py_at(self, off, sizeof *m, 8);
   if (!m) return NULL;
@@ -299,6 +299,7 @@ static PyObject *m_write_model_entry(Mapping *self, PyObject *args) {
     return NULL;
   m->optional_inputs = optional & ((m->n_inputs < 32 ? 1u << m->n_inputs : 0u) - 1u);
   m->ragged_inputs = ragged & ((m->n_inputs < 32 ? 1u << m->n_inputs : 0u) - 1u);
+  m->device_memory = device_memory != 0;
   Py_RETURN_NONE;
 }
 

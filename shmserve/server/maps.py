@@ -40,6 +40,7 @@ class ServerMaps:
         # {client_id: (lease, Mapping)} of _arenas, as _core.Batch.begin looks them up
         self.mapped: dict[int, tuple[int, _core.Mapping]] = {}
         self._retired: list[Segment] = []  # mappings of ended leases, closed between batches
+        self.pinning = None  # a GPU worker's gpu.ipc.HostPinning: arenas page-locked
 
     # The client table is written by the coordinator only; clients never see it.
     def lease_of(self, client_id: int) -> tuple[int, int]:
@@ -84,6 +85,8 @@ class ServerMaps:
             seg.close()
             return None
         layout = ArenaLayout(self.layout.slots_per_client, size)
+        if self.pinning is not None:
+            self.pin(seg, client_id)
         self._arenas[client_id] = (lease, seg, layout)
         self.mapped[client_id] = (lease, seg.ops)
         return seg, layout
@@ -99,7 +102,21 @@ class ServerMaps:
                 del self.mapped[client_id]
                 self._retired.append(seg)
         while self._retired:
-            self._retired.pop().close()
+            seg = self._retired.pop()
+            if self.pinning is not None:
+                self.pinning.unregister(seg)
+            seg.close()
+
+    def pin(self, seg: Segment, client_id: int) -> None:
+        """Page-locks a caller's arena for the GPU; a failure costs speed, not service."""
+        try:
+            self.pinning.register(seg)
+        except Exception as e:  # e.g. RLIMIT_MEMLOCK: copies go through pageable memory
+            log.warning("client %d: its arena stays pageable (cannot page-lock it for the "
+                        "GPU: %s)", client_id, e)
+
+    def live_leases(self) -> set:
+        return {(client_id, lease) for client_id, (lease, _, _) in self._arenas.items()}
 
     def fail_batch(self, worker: int, model_id: int, message: str) -> int:
         """Answers every request in an ASSIGNED mailbox whose worker died with it

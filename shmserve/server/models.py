@@ -245,7 +245,7 @@ class ModelControl:
             [(t.name, t.dtype, t.dims) for t in spec.inputs],
             [(t.name, t.dtype, t.dims) for t in spec.outputs],
             sum(1 << k for k, t in enumerate(spec.inputs) if t.optional),
-            sum(1 << k for k, t in enumerate(spec.inputs) if t.ragged))
+            sum(1 << k for k, t in enumerate(spec.inputs) if t.ragged), int(spec.device_memory))
         srv.store32(off + L["model.generation"], generation)
 
     def cache_share(self, spec) -> int:

@@ -113,6 +113,19 @@ class ModelSpec:
     def device(self, instance: int) -> int:
         return self.devices[instance] if self.devices else devices.CPU
 
+    @property
+    def device_memory(self) -> bool:
+        """Whether callers may send tensors in device memory (CUDA IPC, gpu/ipc.py):
+        every instance is a pytorch one on a GPU, and nothing on the model's path reads
+        tensor bytes on the host (response cache, ragged and batch inputs, BYTES,
+        sequences, decoupled responses)."""
+        return (self.backend == "pytorch" and bool(self.devices)
+                and all(d != devices.CPU for d in self.devices)
+                and not (self.response_cache or self.sequence or self.decoupled
+                         or self.batch_inputs or self.batch_outputs)
+                and not any(t.ragged for t in self.inputs)
+                and all(t.dtype != DataType.BYTES for t in (*self.inputs, *self.outputs)))
+
     def extra_inputs(self) -> list[str]:
         """Tensors the server adds to the model's inputs beyond the config's `input`:
         sequence control inputs, correlation id, implicit state inputs, batch_input

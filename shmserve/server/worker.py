@@ -81,6 +81,7 @@ class Worker:
                                  boot.get("socket"), boot.get("device", CPU),
                                  boot.get("cuda_pool_bytes", 0))
         self.backend = None
+        self.device = None  # gpu.ipc.DeviceMemory: callers' device tensors (use_device)
         self.stopping = False  # set by SIGTERM: leave serve_forever after the batch in hand
         # --trace-config: None when tracing is off, so run_batch does not even look
         self.tracer = Sampler(boot["trace"], self.model_id) if "trace" in boot else None
@@ -111,8 +112,22 @@ class Worker:
                   and not self.spec.decoupled  # responses through each request's sender
                   and self.cache is None and not self.ragged and
                   all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
-        self.fast = common and not self.reads_parameters
+        self.fast = common and not self.reads_parameters and self.device is None
         self.fast_requests = common and self.per_request
+
+    def use_device(self) -> None:
+        """A GPU instance of a library backend page-locks its callers' arenas; a
+        pytorch one also reads and writes callers' device tensors (CUDA IPC)."""
+        if self.instance.kind != "GPU" or self.spec.backend == "python":
+            return
+        from ..gpu import ipc
+        try:
+            self.maps.pinning = ipc.HostPinning()
+        except Exception as e:
+            log.warning("model '%s': callers' arenas stay pageable (%s)", self.spec.name, e)
+        if self.spec.device_memory:
+            self.device = ipc.DeviceMemory(self.backend.torch)
+            self.backend.outputs_on_device = True
 
     def on_settings(self, settings: dict) -> None:
         """The settings watcher's (another thread): the trace settings are applied by
@@ -129,6 +144,7 @@ class Worker:
     # -- 1. load --------------------------------------------------------------
     def load(self) -> None:
         self.backend = load_backend(self.spec, self.instance)
+        self.use_device()
         self.per_request = getattr(self.backend, "per_request", False)
         if self.spec.decoupled and not self.per_request:
             raise ConfigError(f"model '{self.spec.name}': model_transaction_policy decoupled needs "
@@ -197,6 +213,8 @@ class Worker:
             started = time.monotonic_ns()
             if started - dropped_at >= 1_000_000_000:  # idle or not: dead clients' memory goes
                 self.maps.drop_ended_leases()
+                if self.device is not None:  # and what they had opened on the GPU
+                    self.device.drop(self.maps.live_leases())
                 dropped_at = started
             # the spin policy (shms_spin_wait) decides, and learns from this wait
             woke = srv.doorbell_wait(state, sleeping, MailboxState.IDLE, spin, 200_000_000)
@@ -360,6 +378,8 @@ class Worker:
             live = self.decode_parameters(live)
         if self.sequences is not None:
             live = self.begin_sequences(live)
+        if self.device is not None:
+            live = self.open_device_inputs(live)
         if not live:
             return
         # Triton's three compute stages: gather the inputs, run the model, check and
@@ -377,6 +397,8 @@ class Worker:
             answers, t_infer, t_output, executed = self.execute_cached(live)
         else:
             answers, t_infer, t_output = self.execute_batch(live)
+        if self.device is not None:  # device writes done before any caller hears
+            self.device.synchronize()
         # Statistics first: a caller that reads them after its answer sees its request.
         srv, done = self.maps.srv, time.monotonic_ns()
         if executed:
@@ -641,11 +663,28 @@ class Worker:
             kept.append(req)
         return kept
 
+    def open_device_inputs(self, live: list[Request]) -> list[Request]:
+        """Opens the inputs callers sent in device memory (CUDA IPC) request by request:
+        a bad record fails only its own request. The tensors replace the references."""
+        kept = []
+        for req in live:
+            try:
+                req.inputs = [(ref[0], ref[1], self.device_view(req, ref, True), 0, ref[4])
+                              if ref.memory_kind else ref for ref in req.inputs]
+            except BatchError as e:
+                self.maps.record_answers(self.model_id, [(int(e.status), req.taken_ns)])
+                req.arena.ops.complete(req.slot_off, req.generation, int(e.status),
+                                       _clip(str(e)), [])
+                continue
+            kept.append(req)
+        return kept
+
     def view(self, buf, ref) -> np.ndarray:
-        """One input of one request: a view of its caller's arena (BYTES: parsed)."""
+        """One input of one request: a view of its caller's arena (BYTES: parsed;
+        device memory: opened, a tensor)."""
         index, dtype, offset, nbytes, shape = ref
-        if dtype == BYTES:
-            return offset  # parsed by decode_bytes_inputs
+        if dtype == BYTES or offset.__class__ is not int:
+            return offset  # parsed by decode_bytes_inputs, opened by open_device_inputs
         dt = numpy_dtype(dtype)
         return np.frombuffer(buf, dt, nbytes // dt.itemsize, offset).reshape(shape)
 
@@ -662,6 +701,16 @@ class Worker:
                 per_input[ref[0]].append(self.view(buf, ref))
         return self.merge_inputs(per_input, live)
 
+    def device_view(self, req: Request, ref, is_input: bool):
+        """A tensor in the caller's device memory (gpu/ipc.py), as a torch tensor."""
+        specs = self.spec.inputs if is_input else self.spec.outputs
+        what = f"model '{self.spec.name}' {'input' if is_input else 'output'} '{specs[ref[0]].name}'"
+        try:
+            return self.device.tensor(req.arena.buffer, (req.client_id, req.lease), ref,
+                                      numpy_dtype(ref[1]), ref[4], what, is_input)
+        except ValueError as e:
+            raise BatchError(Status.INVALID_ARG, str(e)) from None
+
     def merge_inputs(self, per_input: list[list], live: list[Request]) -> dict:
         """The batch's inputs from each input's per-request arrays, in the model's
         shapes; a ragged input as one flat concatenation, and the batch inputs."""
@@ -674,7 +723,9 @@ class Worker:
             if spec.ragged:
                 out[spec.name] = np.concatenate([a.reshape(-1) for a in arrays])
             else:
-                out[spec.name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                out[spec.name] = (arrays[0] if len(arrays) == 1 else
+                                  self.device.cat(arrays) if self.device is not None else
+                                  np.concatenate(arrays))
         out = self.to_model(out)
         if self.spec.batch_inputs:
             out.update(ragged.batch_input_arrays(self.spec.batch_inputs, self.request_shapes(live)))
@@ -716,14 +767,17 @@ class Worker:
             if spec.name not in outputs:
                 raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' did not produce "
                                  f"output '{spec.name}'")
-            arr = np.asarray(outputs[spec.name])
+            arr = outputs[spec.name]
+            on_device = self.device is not None and self.device.is_tensor(arr)
+            if not on_device:
+                arr = np.asarray(arr)
             if spec.dtype == BYTES:
                 if arr.dtype.kind not in "OSU":
                     raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
                                      f"'{spec.name}' is {arr.dtype}, expected BYTES")
             else:
                 want = numpy_dtype(spec.dtype)
-                if arr.dtype != want:
+                if (self.device.numpy_dtype(arr) if on_device else arr.dtype) != want:
                     raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
                                      f"'{spec.name}' is {arr.dtype}, config says {want}")
             if self.batched and (arr.ndim < 1 or arr.shape[0] != rows) and \
@@ -743,10 +797,21 @@ class Worker:
     def scatter(self, req: Request, outputs: dict, row: int):
         results = []
         too_small = []
-        for index, _, offset, capacity, _ in req.outputs:
+        for ref in req.outputs:
+            index, _, offset, capacity, _ = ref
             spec = self.spec.outputs[index]
             arr = outputs[spec.name]
             part = arr[row:row + req.rows] if self.batched else arr
+            if ref.memory_kind:  # into the caller's device buffer (it was checked: kind 1)
+                try:
+                    result = self.scatter_to_device(req, ref, spec, part)
+                except BatchError as e:  # this caller's record: its request alone fails
+                    return e.status, str(e), []
+                if result is None:
+                    too_small.append(spec.name)
+                    result = (index, spec.dtype, offset, part.nbytes, tuple(part.shape))
+                results.append(result)
+                continue
             if spec.dtype == BYTES:
                 data = encode_bytes(part)
                 need = len(data)
@@ -759,6 +824,9 @@ class Worker:
                 continue
             if spec.dtype == BYTES:
                 req.arena.buffer[offset:offset + need] = data
+            elif self.device is not None and self.device.is_tensor(part):  # D2H, pinned
+                dst = np.frombuffer(req.arena.buffer, numpy_dtype(spec.dtype), need // _itemsize(spec), offset)
+                self.device.to_host(dst.reshape(shape), part)
             else:
                 dst = np.frombuffer(req.arena.buffer, part.dtype, part.size, offset)
                 np.copyto(dst.reshape(shape), part)
@@ -768,6 +836,24 @@ class Worker:
                     f"model '{self.spec.name}': output buffer too small for {', '.join(too_small)}",
                     results)
         return Status.OK, "", results
+
+
+    def scatter_to_device(self, req: Request, ref, spec, part):
+        """One output into the caller's device buffer (CUDA IPC): its result ref, or
+        None when the buffer is too small."""
+        dtype = numpy_dtype(spec.dtype)
+        nbytes = int(np.prod(part.shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes > ref.nbytes:
+            return None
+        dst = self.device_view(req, _core.TensorRef((*ref[:4], tuple(part.shape), ref.memory_kind,
+                                               ref.device_id)), False)
+        dst.copy_(self.device.as_device(part))  # on the worker's stream; synchronized before answering
+        return _core.TensorRef((ref.index, spec.dtype, ref.offset, nbytes, tuple(part.shape),
+                          ref.memory_kind, ref.device_id))
+
+
+def _itemsize(spec) -> int:
+    return numpy_dtype(spec.dtype).itemsize
 
 
 _clip = clip_error
