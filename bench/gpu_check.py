@@ -7,10 +7,13 @@
                client arena (a /dev/shm file mapped by mmap) registered with
                cudaHostRegister: what pinning the callers' arenas would give, as a
                ratio of the pinned reference (issue 15's target: >= 80 %).
-  2 round trip a TorchScript model (x * 2 + 1, FP32 [1, 1024], 4 KiB) served on a
-               KIND_GPU instance against the same module called in torch directly
-               (numpy -> device -> compute -> host), p50 of --requests each,
-               interleaved in blocks.
+  2 round trip a TorchScript model (x * 2 + 1, FP32) served on a KIND_GPU instance,
+               p50 of --requests each (a quarter for 4 MiB), interleaved in blocks:
+               4 KiB from numpy against the same module in torch directly (numpy ->
+               device -> compute -> host); a 4 MiB torch tensor on the GPU by CUDA IPC,
+               output into the caller's tensor, against the same compute in torch and a
+               bare 4 MiB device copy; 4 MiB from numpy through the page-locked arena
+               against torch directly from numpy.
 
 Needs cupy and torch with CUDA; prints a line per figure (and skips a part, saying
 what is missing). Nothing is asserted.
@@ -78,6 +81,18 @@ def copies(repeats: int) -> None:
               f"({100 * value / figures['pinned']:.0f} % of pinned)")
 
 
+def interleaved(calls: dict, requests: int) -> dict:
+    """p50 (us) of each call, taken in turns of blocks (drift weighs on all alike)."""
+    samples = {name: [] for name in calls}
+    for _ in range(10):
+        for name, call in calls.items():
+            for _ in range(max(requests // 10, 1)):
+                start = time.perf_counter_ns()
+                call()
+                samples[name].append(time.perf_counter_ns() - start)
+    return {k: statistics.median(v) / 1000 for k, v in samples.items()}
+
+
 def round_trip(requests: int) -> None:
     try:
         import torch
@@ -99,8 +114,8 @@ def round_trip(requests: int) -> None:
     torch.jit.script(Affine()).save(str(model / "1" / "model.pt"))
     (model / "config.pbtxt").write_text(
         'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n'
-        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1024 ] } ]\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         'instance_group [ { kind: KIND_GPU count: 1 } ]\n')
     server = ServerProcess(work / "repo", log_path=work / "server.log", name_prefix="gpu-")
     bare = torch.jit.script(Affine()).cuda()
@@ -112,19 +127,49 @@ def round_trip(requests: int) -> None:
 
     try:
         server.start()
-        with server.client(arena_bytes=16 << 20) as client:
+        with server.client(arena_bytes=64 << 20) as client:
             served = lambda: client.infer("affine", [x])["OUTPUT__0"]  # noqa: E731
             np.testing.assert_allclose(served(), direct(), rtol=1e-6)
-            samples = {"served": [], "direct": []}
-            for block in range(10):
-                for name, call in (("served", served), ("direct", direct)):
-                    for _ in range(requests // 10):
-                        start = time.perf_counter_ns()
-                        call()
-                        samples[name].append(time.perf_counter_ns() - start)
-        p50 = {k: statistics.median(v) / 1000 for k, v in samples.items()}
-        print(f"round trip: 4 KiB TorchScript on the GPU, p50 served {p50['served']:.1f} us, "
-              f"torch directly {p50['direct']:.1f} us, ratio {p50['served'] / p50['direct']:.2f}")
+            p50 = interleaved({"served": served, "direct": direct}, requests)
+            print(f"round trip: 4 KiB TorchScript on the GPU, p50 served {p50['served']:.1f} us, "
+                  f"torch directly {p50['direct']:.1f} us, ratio {p50['served'] / p50['direct']:.2f}")
+            # 4 MiB: a device tensor through CUDA IPC (in place, output into the caller's
+            # tensor) against the same compute in torch and a bare device copy; and the
+            # same bytes from host memory through the page-locked arena.
+            big = np.random.default_rng(1).standard_normal((1, 1 << 20)).astype(np.float32)
+            dx = torch.from_numpy(big).cuda()
+            dout = torch.empty_like(dx)
+
+            def device_served():
+                client.infer("affine", {"x": dx}, outputs={"OUTPUT__0": dout})
+
+            def device_direct():
+                with torch.inference_mode():
+                    torch.mul(dx, 2.0, out=dout).add_(1.0)
+                torch.cuda.synchronize()
+
+            def device_copy():
+                dout.copy_(dx)
+                torch.cuda.synchronize()
+
+            def host_served():
+                return client.infer("affine", [big])["OUTPUT__0"]
+
+            def host_direct():
+                with torch.inference_mode():
+                    return bare(torch.from_numpy(big).cuda()).cpu().numpy()
+
+            device_served()
+            assert torch.equal(dout, dx * 2 + 1)
+            np.testing.assert_allclose(host_served(), host_direct(), rtol=1e-6)
+            p50 = interleaved({"ipc": device_served, "torch": device_direct, "copy": device_copy,
+                               "host": host_served, "host_torch": host_direct}, requests // 4)
+            print(f"round trip: 4 MiB device tensor by CUDA IPC, p50 served {p50['ipc']:.1f} us, "
+                  f"torch directly {p50['torch']:.1f} us (ratio {p50['ipc'] / p50['torch']:.2f}), "
+                  f"bare device copy {p50['copy']:.1f} us")
+            print(f"round trip: 4 MiB host array via the page-locked arena, p50 served "
+                  f"{p50['host']:.1f} us, torch directly from numpy {p50['host_torch']:.1f} us "
+                  f"(ratio {p50['host'] / p50['host_torch']:.2f})")
     except Exception as e:  # a figure missing says why; the other figures still print
         print(f"round trip: failed: {type(e).__name__}: {e}\n--- server log ---\n"
               f"{(work / 'server.log').read_text() if (work / 'server.log').exists() else ''}")

@@ -3,7 +3,7 @@
 #   scripts/gpu_wheels.sh                      # here, once: the wheels the device lacks
 #   (device) bash scripts/gpu_check.sh         # carry .whl; a few minutes
 # Builds the C core for the machine's python3, makes the bundled models, runs the GPU
-# tests (tests/test_gpu.py, tests/test_tensorrt.py: -m gpu ones included, each skip
+# tests (tests/test_gpu.py, test_gpu_ipc.py, test_tensorrt.py: -m gpu ones included, each skip
 # with its reason) and bench/gpu_check.py, and prints a summary. Logs go to $OUT (the
 # device tool's folder) or /tmp/gpu_check.
 set -uo pipefail
@@ -40,7 +40,7 @@ gcc -shared -fPIC -std=gnu11 -O2 -Wall -Wno-unused-parameter -Wno-missing-field-
   -I"$INC" -Ishmserve/csrc shmserve/csrc/*.c -o "shmserve/_core$SUF" || exit 1
 $PY scripts/make_models.py >/dev/null || exit 1
 echo "== tests"
-$PY -m pytest -p no:cacheprovider -q -rs tests/test_gpu.py tests/test_tensorrt.py 2>&1 \
+$PY -m pytest -p no:cacheprovider -q -rs tests/test_gpu.py tests/test_gpu_ipc.py tests/test_tensorrt.py 2>&1 \
   | tee "$LOGS/pytest.log"
 tests=${PIPESTATUS[0]}
 echo "== bench"

@@ -12,5 +12,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 --platform any -d .whl \
   "tritonclient==2.73.0" "posix_ipc==1.3.2" "uvicorn==0.55.0" "httptools==0.9.0" \
-  "pytest-timeout==2.4.0"
+  "pytest-timeout==2.4.0" "python-rapidjson==1.23"
 ls -la .whl

@@ -21,7 +21,7 @@ from ..model_config import mc
 
 from .. import backends
 from ..errors import ConfigError
-from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES
+from ..protocol import DTYPE_CODES, MAX_DIMS, MAX_TENSORS, NAME_BYTES, DataType
 from . import autocomplete, devices, ensemble, ragged, reshape, sequence_config, unsupported, warmup
 
 log = logging.getLogger("shmserve.repository")
