@@ -95,6 +95,14 @@ def test_a_device_tensor_the_client_cannot_send_is_refused_by_name(main_server):
         np.testing.assert_array_equal(got["OUTPUT0"], x)
 
 
+def test_handles_keep_their_nul_bytes():
+    from shmserve.gpu import driver
+    handle = bytes(range(64))  # binary, NULs included
+    assert driver.handle_bytes(driver.handle_of(handle)) == handle
+    with pytest.raises(driver.CudaError, match="64 bytes"):
+        driver.handle_of(b"short")
+
+
 def test_the_record_is_the_layout_s():
     record = ipc.RECORD.pack(b"h" * 64, b"e" * 64, 4096, b"u" * 16, ipc.EVENT, 0)
     assert len(record) == 160

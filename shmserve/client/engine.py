@@ -727,6 +727,8 @@ class Engine:
                     return
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
                                            self._spin_ns, WAIT_SLICE_NS):
+                if self._closed:  # close() released the mappings while we waited
+                    return
                 try:
                     self.check_server()
                 except errors.ServerDeadError as e:

@@ -28,7 +28,20 @@ class CudaError(RuntimeError):
 
 
 class _Handle(ctypes.Structure):
-    _fields_ = [("reserved", ctypes.c_char * HANDLE_BYTES)]
+    # c_ubyte, not c_char: a c_char array field reads back as a string, cut at its first
+    # NUL byte, and handles are binary
+    _fields_ = [("reserved", ctypes.c_ubyte * HANDLE_BYTES)]
+
+
+def handle_of(data: bytes) -> _Handle:
+    """The driver's handle struct holding these 64 bytes (passed by value)."""
+    if len(data) != HANDLE_BYTES:
+        raise CudaError(f"an IPC handle is {HANDLE_BYTES} bytes, got {len(data)}")
+    return _Handle.from_buffer_copy(data)
+
+
+def handle_bytes(handle: _Handle) -> bytes:
+    return bytes(handle.reserved)
 
 
 _lib = None
@@ -79,7 +92,7 @@ def device_count() -> int:
 
 
 def device_uuid(ordinal: int) -> bytes:
-    dev, uuid = ctypes.c_int(), (ctypes.c_char * 16)()
+    dev, uuid = ctypes.c_int(), (ctypes.c_ubyte * 16)()
     call("cuDeviceGet", ctypes.byref(dev), ordinal)
     call("cuDeviceGetUuid", uuid, dev)
     return bytes(uuid)
@@ -107,13 +120,13 @@ def address_range(ptr: int) -> tuple[int, int]:
 def ipc_mem_handle(base: int) -> bytes:
     handle = _Handle()
     call("cuIpcGetMemHandle", ctypes.byref(handle), ctypes.c_uint64(base))
-    return bytes(handle.reserved)
+    return handle_bytes(handle)
 
 
 def ipc_open_mem(handle: bytes) -> int:
     """Maps another process's allocation into this one (its base address)."""
     ptr = ctypes.c_uint64()
-    call("cuIpcOpenMemHandle_v2", ctypes.byref(ptr), _Handle(handle),
+    call("cuIpcOpenMemHandle_v2", ctypes.byref(ptr), handle_of(handle),
          CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
     return ptr.value
 
@@ -127,12 +140,12 @@ def ipc_event() -> tuple[int, bytes]:
     event, handle = ctypes.c_void_p(), _Handle()
     call("cuEventCreate", ctypes.byref(event), CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)
     call("cuIpcGetEventHandle", ctypes.byref(handle), event)
-    return event.value, bytes(handle.reserved)
+    return event.value, handle_bytes(handle)
 
 
 def ipc_open_event(handle: bytes) -> int:
     event = ctypes.c_void_p()
-    call("cuIpcOpenEventHandle", ctypes.byref(event), _Handle(handle))
+    call("cuIpcOpenEventHandle", ctypes.byref(event), handle_of(handle))
     return event.value
 
 
