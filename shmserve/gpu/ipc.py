@@ -54,9 +54,7 @@ class DeviceSource:
                              "(.contiguous() / cupy.ascontiguousarray)")
         self.ptr = int(cai["data"][0])
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-        # version 3: None means the producer needs no synchronisation; no key: legacy stream
-        self.stream = cai.get("stream", CU_STREAM_LEGACY) if cai.get("version", 0) >= 3 \
-            else CU_STREAM_LEGACY
+        self.stream = _producer_stream(value, cai)
         self.ordinal = D.pointer_device(self.ptr) if self.ptr else 0
         D.use_device(self.ordinal)
         self.base, size = D.address_range(self.ptr) if self.ptr else (0, 0)
@@ -66,6 +64,18 @@ class DeviceSource:
     def record(self, event_handle: bytes | None) -> bytes:
         return RECORD.pack(self.handle, event_handle or bytes(64), self.ptr - self.base,
                            self.uuid, EVENT if event_handle else 0, 0)
+
+
+def _producer_stream(value, cai: dict):
+    """The stream whose work wrote the tensor: the interface's (version 3; None: no
+    synchronisation needed), torch's current stream for a torch tensor (its interface
+    is version 2, without one), else the legacy default stream."""
+    if "stream" in cai:
+        return cai["stream"]
+    if type(value).__module__.startswith("torch"):
+        import torch
+        return torch.cuda.current_stream(value.device).cuda_stream
+    return CU_STREAM_LEGACY
 
 
 def _contiguous(shape: tuple, itemsize: int) -> tuple:

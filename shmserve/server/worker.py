@@ -21,8 +21,8 @@ from .. import _core
 from ..backends import Instance, load_backend
 from ..errors import ConfigError, ShmServeError
 from ..logs import capture_model_output
-from ..protocol import (LAYOUT, DataType, Duration, MailboxState, Status, Timestamp, clip_error,
-                        decode_bytes, decode_parameters, encode_bytes, numpy_dtype)
+from ..protocol import (LAYOUT, MAX_TENSORS, DataType, Duration, MailboxState, Status, Timestamp,
+                        clip_error, decode_bytes, decode_parameters, encode_bytes, numpy_dtype)
 from . import ragged, reshape, warmup
 from .repository import ModelSpec
 from .response_cache import ResponseCache
@@ -37,6 +37,8 @@ L = LAYOUT
 BYTES = DataType.BYTES
 _SHADOW_REQUEST = L["shadow.request"]
 _N_OUTPUTS, _PARAMETERS_BYTES = L["request.n_outputs"], L["request.parameters_bytes"]
+_N_INPUTS, _REF_BYTES, _KIND = L["request.n_inputs"], L["tensor_ref.size"], L["tensor_ref.memory_kind"]
+_INPUTS, _OUTPUTS = L["request.inputs"], L["request.outputs"]
 _NO_PARAMETERS: dict = {}  # never written: InferenceRequest.parameters() only reads it
 STREAM = L["REQUEST_STREAM"]
 log = logging.getLogger("shmserve.worker")
@@ -112,7 +114,7 @@ class Worker:
                   and not self.spec.decoupled  # responses through each request's sender
                   and self.cache is None and not self.ragged and
                   all(t.dtype != BYTES for t in (*self.spec.inputs, *self.spec.outputs)))
-        self.fast = common and not self.reads_parameters and self.device is None
+        self.fast = common and not self.reads_parameters  # device refs: run_mailbox looks
         self.fast_requests = common and self.per_request
 
     def use_device(self) -> None:
@@ -233,7 +235,7 @@ class Worker:
     def run_mailbox(self, again: bool = False) -> None:
         """Runs the batch in our mailbox, then marks it IDLE."""
         srv = self.maps.srv
-        if self.fast and not again:
+        if self.fast and not again and not (self.device is not None and self.device_refs()):
             self.run_fast()
         elif self.fast_requests and not again and self.one_plain_request():
             self.run_fast()
@@ -258,6 +260,18 @@ class Worker:
         return (load(at + _N_OUTPUTS) == len(self.output_names)  # no output named twice
                 and not load(at + _PARAMETERS_BYTES))
 
+    def device_refs(self) -> bool:
+        """Whether a request in the mailbox names device memory (the Python path opens
+        it); host-only batches of a GPU worker keep the C path."""
+        srv, load = self.maps.srv, self.maps.srv.load32
+        for index in srv.mailbox_batch(self.mailbox):
+            at = self.maps.layout.shadow_at(index) + _SHADOW_REQUEST
+            for first, count in ((_INPUTS, load(at + _N_INPUTS)), (_OUTPUTS, load(at + _N_OUTPUTS))):
+                for i in range(min(count, MAX_TENSORS)):
+                    if load(at + first + i * _REF_BYTES + _KIND) & 0xFFFF:
+                        return True
+        return False
+
     def run_fast(self) -> None:
         """The common path: the batch's bookkeeping in four kinds of C calls (begin,
         input/gather, scatter, finish), Python for the model call and its checks."""
@@ -278,7 +292,10 @@ class Worker:
         if outputs is not None:
             try:
                 for k, spec in enumerate(self.spec.outputs):
-                    batch.scatter(k, np.ascontiguousarray(outputs[spec.name]))
+                    out = outputs[spec.name]
+                    if self.device is not None and self.device.is_tensor(out):
+                        out = out.cpu().numpy()  # a GPU worker's output, for the C scatter
+                    batch.scatter(k, np.ascontiguousarray(out))
             except Exception as e:  # cannot happen to checked outputs; answered, not lost
                 status, msg = Status.INTERNAL, self.raised(e)
         ticket = self.answer_turn() if self.ordered else 0
@@ -845,8 +862,9 @@ class Worker:
         nbytes = int(np.prod(part.shape, dtype=np.int64)) * dtype.itemsize
         if nbytes > ref.nbytes:
             return None
-        dst = self.device_view(req, _core.TensorRef((*ref[:4], tuple(part.shape), ref.memory_kind,
-                                               ref.device_id)), False)
+        dst = self.device_view(req, _core.TensorRef((ref.index, spec.dtype, ref.offset, ref.nbytes,
+                                                     tuple(part.shape), ref.memory_kind,
+                                                     ref.device_id)), False)
         dst.copy_(self.device.as_device(part))  # on the worker's stream; synchronized before answering
         return _core.TensorRef((ref.index, spec.dtype, ref.offset, nbytes, tuple(part.shape),
                           ref.memory_kind, ref.device_id))
