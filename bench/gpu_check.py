@@ -167,6 +167,15 @@ def round_trip(requests: int) -> None:
             print(f"round trip: 4 MiB device tensor by CUDA IPC, p50 served {p50['ipc']:.1f} us, "
                   f"torch directly {p50['torch']:.1f} us (ratio {p50['ipc'] / p50['torch']:.2f}), "
                   f"bare device copy {p50['copy']:.1f} us")
+            from shmserve.gpu import ipc  # the caller's side of a device request, alone
+            events = ipc.SlotEvents()
+            p50_parts = interleaved({"describe": lambda: ipc.DeviceSource(dx, "x"),
+                                     "event": lambda: events.record(0, [ipc.DeviceSource(dx, "x")])},
+                                    requests)
+            events.close()
+            print(f"round trip: of which the caller describes a device tensor in "
+                  f"{p50_parts['describe']:.1f} us, and records its event in "
+                  f"{p50_parts['event'] - p50_parts['describe']:.1f} us")
             print(f"round trip: 4 MiB host array via the page-locked arena, p50 served "
                   f"{p50['host']:.1f} us, torch directly from numpy {p50['host_torch']:.1f} us "
                   f"(ratio {p50['host'] / p50['host_torch']:.2f})")

@@ -221,9 +221,14 @@ def _dying_caller(name: str, socket_path: str, ready) -> None:
 @needs_gpu
 def test_a_caller_dying_with_handles_open_leaks_nothing(affine):
     torch = TORCH
-    torch.cuda.init()
-    with affine.client() as c:  # the worker is up and warm before the baseline
-        c.infer("affine", {"x": np.ones((1, 4), np.float32)})
+    # The same request from here first: the worker's own torch allocator then holds
+    # the blocks such a request needs (its output), before the baseline is taken.
+    x = torch.ones((1, 256 << 20), device="cuda")
+    with affine.client() as c:
+        c.infer("affine", {"x": x}, outputs={"OUTPUT__0": torch.empty_like(x)})
+    del x
+    torch.cuda.empty_cache()
+    time.sleep(3)  # the worker closes what it opened for that ended lease first (each second)
     free_before = torch.cuda.mem_get_info()[0]
     ctx = multiprocessing.get_context("spawn")
     ready = ctx.Event()
@@ -234,4 +239,6 @@ def test_a_caller_dying_with_handles_open_leaks_nothing(affine):
     # the worker closes what it opened for the dead lease (within about a second);
     # the 1 GiB allocation is freed only then
     wait_until(lambda: torch.cuda.mem_get_info()[0] > free_before - (256 << 20), 30,
-               "the dead caller's device memory to be freed")
+               "the dead caller's device memory to be freed",
+               state=lambda: (f"free {torch.cuda.mem_get_info()[0] >> 20} MiB, before "
+                              f"{free_before >> 20} MiB; server log: {affine.log()[-2000:]}"))

@@ -18,6 +18,7 @@ CU_EVENT_INTERPROCESS = 0x4
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1
 CU_MEMHOSTREGISTER_PORTABLE = 0x1
 CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 CU_MEMORYTYPE_DEVICE = 2
 HANDLE_BYTES = 64  # CUipcMemHandle and CUipcEventHandle: opaque, 64 bytes each
@@ -108,6 +109,14 @@ def pointer_device(ptr: int) -> int:
     call("cuPointerGetAttribute", ctypes.byref(ordinal), CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
          ctypes.c_uint64(ptr))
     return ordinal.value
+
+
+def buffer_id(ptr: int) -> int:
+    """The allocation's process-wide unique id (never reused, unlike its address)."""
+    got = ctypes.c_uint64()
+    call("cuPointerGetAttribute", ctypes.byref(got), CU_POINTER_ATTRIBUTE_BUFFER_ID,
+         ctypes.c_uint64(ptr))
+    return got.value
 
 
 def address_range(ptr: int) -> tuple[int, int]:

@@ -16,6 +16,7 @@ only when a device tensor shows up.
 from __future__ import annotations
 
 import collections
+import logging
 import struct
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from . import driver as D
 from ..protocol import LAYOUT as L
 
+log = logging.getLogger("shmserve.worker")
 RECORD = struct.Struct("<64s64sQ16sII")  # shms_cuda_ipc
 assert RECORD.size == L["cuda_ipc.size"]
 EVENT = 1  # SHMS_CUDA_IPC_EVENT
@@ -55,15 +57,33 @@ class DeviceSource:
         self.ptr = int(cai["data"][0])
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.stream = _producer_stream(value, cai)
-        self.ordinal = D.pointer_device(self.ptr) if self.ptr else 0
-        D.use_device(self.ordinal)
-        self.base, size = D.address_range(self.ptr) if self.ptr else (0, 0)
-        self.handle = D.ipc_mem_handle(self.base) if self.ptr else bytes(64)
-        self.uuid = D.device_uuid(self.ordinal)
+        self.ordinal, self.base, self.handle, self.uuid = _exported(self.ptr)
 
     def record(self, event_handle: bytes | None) -> bytes:
         return RECORD.pack(self.handle, event_handle or bytes(64), self.ptr - self.base,
                            self.uuid, EVENT if event_handle else 0, 0)
+
+
+_EXPORTS: dict[int, tuple] = {}  # buffer id -> (ordinal, base, IPC handle, device UUID)
+EXPORTS_KEPT = 4096
+
+
+def _exported(ptr: int) -> tuple:
+    """(ordinal, allocation base, IPC handle, device UUID) of device memory at ptr.
+    Exporting costs driver work (tens of microseconds and more); an allocation's id is
+    never reused, so its export is kept by id and looked up with one attribute call."""
+    if not ptr:  # an empty tensor: nothing to open
+        return 0, 0, bytes(64), bytes(16)
+    key = D.buffer_id(ptr)
+    got = _EXPORTS.get(key)
+    if got is None:
+        ordinal = D.pointer_device(ptr)  # CudaError unless device memory
+        D.use_device(ordinal)
+        base, _ = D.address_range(ptr)
+        if len(_EXPORTS) >= EXPORTS_KEPT:
+            _EXPORTS.clear()
+        got = _EXPORTS[key] = (ordinal, base, D.ipc_mem_handle(base), D.device_uuid(ordinal))
+    return got
 
 
 def _producer_stream(value, cai: dict):
@@ -224,8 +244,12 @@ class DeviceMemory:
     def drop(self, live_leases: set) -> None:
         """Closes what callers whose lease ended had opened (between batches)."""
         for lease in [k for k in self._open if k not in live_leases]:
-            for base, _ in self._open.pop(lease).values():
+            opened = self._open.pop(lease)
+            for base, _ in opened.values():
                 D.ipc_close_mem(base)
+            if opened:
+                log.info("client %d (lease %d) is gone: closed its %d device allocation(s), "
+                         "%d MiB", *lease, len(opened), sum(n for _, n in opened.values()) >> 20)
         for lease in [k for k in self._events if k not in live_leases]:
             for event in self._events.pop(lease).values():
                 D.event_destroy(event)
