@@ -93,6 +93,21 @@ def interleaved(calls: dict, requests: int) -> dict:
     return {k: statistics.median(v) / 1000 for k, v in samples.items()}
 
 
+STAGES = ("write", "to batcher", "batching", "to worker", "inputs+model", "outputs+answer",
+          "to caller")
+
+
+def stages(client, cases: dict, requests: int) -> None:
+    """Median of each stage of the requests' own timestamps (protocol Timestamp), us."""
+    for name, (inputs, outputs) in cases.items():
+        deltas = []
+        for _ in range(requests):
+            t = client.infer("affine", inputs, outputs=outputs).timestamps_ns
+            deltas.append([(t[i + 1] - t[i]) / 1000 for i in range(7)])
+        med = np.median(np.array(deltas), axis=0)
+        print(f"stages: {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in zip(STAGES, med)))
+
+
 def round_trip(requests: int) -> None:
     try:
         import torch
@@ -176,6 +191,14 @@ def round_trip(requests: int) -> None:
             print(f"round trip: of which the caller describes a device tensor in "
                   f"{p50_parts['describe']:.1f} us, and records its event in "
                   f"{p50_parts['event'] - p50_parts['describe']:.1f} us")
+            stages(client, {"4 KiB host": ([x], None), "4 MiB IPC": ({"x": dx}, {"OUTPUT__0": dout}),
+                            "4 MiB host": ([big], None)}, requests // 4)
+            wrap = ipc._CudaArray(dx.data_ptr(), tuple(dx.shape), np.dtype(np.float32))
+            p50_parts = interleaved({"as_tensor": lambda: torch.as_tensor(wrap, device="cuda"),
+                                     "sync": lambda: torch.cuda.current_stream().synchronize()},
+                                    requests)
+            print(f"stages: a device pointer as a torch tensor {p50_parts['as_tensor']:.1f} us, "
+                  f"an idle stream's synchronize {p50_parts['sync']:.1f} us")
             print(f"round trip: 4 MiB host array via the page-locked arena, p50 served "
                   f"{p50['host']:.1f} us, torch directly from numpy {p50['host_torch']:.1f} us "
                   f"(ratio {p50['host'] / p50['host_torch']:.2f})")

@@ -48,5 +48,5 @@ echo "== bench"
 timeout 300 $PY bench/gpu_check.py 2>&1 | tee "$LOGS/bench.txt"
 echo "== summary"
 tail -n 1 "$LOGS/pytest.log"
-grep -E "^(copies|round trip):" "$LOGS/bench.txt" || true
+grep -E "^(copies|round trip|stages):" "$LOGS/bench.txt" || true
 exit "$tests"
