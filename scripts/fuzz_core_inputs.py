@@ -6,7 +6,7 @@
     python scripts/fuzz_core_inputs.py replay TARGET FILE|DIR ...
     python scripts/fuzz_core_inputs.py replay-edges        take_edges() through take
 
-models: the table of scripts/fuzz_requests.py (the atheris campaign's 11 models) as the
+models: the table of scripts/fuzz_requests.py (the atheris campaign's 12 models) as the
 coordinator writes it (fuzz_requests.write_models), raw shms_model_entry bytes;
 scripts/fuzz_core.sh passes it to the harness as SHMS_FUZZ_MODELS.
 
@@ -37,7 +37,7 @@ from fuzz_requests import MODELS, N_MODELS, READY, mutate, structured, write_mod
 
 from shmserve import _core  # noqa: E402
 from shmserve.protocol import LAYOUT as L  # noqa: E402
-from shmserve.protocol import PopResult, RingResult, SlotState, Status  # noqa: E402
+from shmserve.protocol import MemoryKind, PopResult, RingResult, SlotState, Status  # noqa: E402
 from shmserve.server.segments import ArenaLayout, ServerLayout  # noqa: E402
 
 TARGETS = ("take", "ring", "answer")
@@ -144,6 +144,9 @@ def replay_take(data: bytes) -> str:
     check(1 <= rows <= m.max_batch_size if batched else rows == 1, "rows", rows)
     for t in decoded["inputs"] + decoded["outputs"]:
         off, nb = t["offset"], t["nbytes"]
+        if t["memory_kind"] == MemoryKind.CUDA_IPC:  # its record is what lies in the arena
+            check(m.device_memory, "accepted device memory for a model that takes none")
+            nb = L["cuda_ipc.size"]
         check(off % ALIGN == 0 and arena.data <= off and off + nb <= arena.size,
               "accepted a tensor outside [data_offset, arena size)", off, nb)
     want_key = []
