@@ -27,8 +27,8 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, model_metadata, \
-    not_found_message, parse_version, server_ready
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, keep_large_buffers, \
+    model_metadata, not_found_message, parse_version, server_ready
 
 from .shm import SystemSharedMemory
 
@@ -450,6 +450,7 @@ def main() -> None:
     from ..server.worker import report_load
 
     boot = child_setup("front")
+    keep_large_buffers()
     try:
         client = Client(boot["server_name"], socket_path_=boot["socket"],
                         arena_bytes=boot["arena_bytes"])
