@@ -5,7 +5,7 @@ perf_analyzer and other callers that are not on this machine's shared memory.
     python -m shmserve.front.grpc   (started by the coordinator; boot message on stdin)
 
 Like the HTTP front (http.py) a front is one process and one client lease of the
-engine, on grpcio's asyncio server; several fronts (--grpc-infer-thread-count) bind
+engine, on grpcio's asyncio server (on uvloop); several fronts (--grpc-infer-thread-count) bind
 the port with SO_REUSEPORT (grpcio's default) and the kernel spreads connections over
 them. Tensors are checked by codec.py, as the HTTP front's are; raw input contents go
 from the message into the arena in one copy (the engine's), outputs go from the arena
@@ -860,6 +860,8 @@ async def serve(boot: dict, client: Client) -> None:
 
 
 def main() -> None:
+    import uvloop
+
     from ..server.maps import child_setup
     from ..server.worker import report_load
 
@@ -873,7 +875,10 @@ def main() -> None:
         log.error("gRPC front %d: %s", boot["index"], e.msg)
         raise SystemExit(3)
     try:
-        asyncio.run(serve(boot, client))
+        # uvloop, as the HTTP front: the loop's own steps in C; an answer's hand-over
+        # from the engine's poller thread to the loop took 114 us on asyncio's loop, 62
+        # on uvloop (4 KiB identity, bench/README.md "http_vs_triton.py")
+        uvloop.run(serve(boot, client))
     finally:
         client.close()
 
