@@ -200,7 +200,9 @@ def take_edges() -> list[bytes]:
     not keep (one input reaches both sides of a comparison): for a well-formed request
     to each model, its first input's and first output's (offset, nbytes) set just
     inside and just outside [data_offset, arena size), wrapping 2^64, and misaligned
-    (inside and outside: the misalignment is reported first)."""
+    (inside and outside: the misalignment is reported first); for a model that takes
+    device memory, the same entry in memory kind 1 with its 160-byte record just inside
+    and outside."""
     seg = segments()
     out = []
     for mid in range(N_MODELS):
@@ -222,6 +224,15 @@ def take_edges() -> list[bytes]:
                     R.OFFSET.put(r, base, off & U64)
                     R.NBYTES.put(r, base, nb & U64)
                     out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
+                if MODELS[mid].device_memory:  # in device memory: its record's bounds
+                    record = L["cuda_ipc.size"]
+                    for off in (end - 3 * ALIGN, end - 2 * ALIGN, end - ALIGN, end,
+                                begin, begin - ALIGN, end - record - ALIGN // 2):
+                        r = bytearray(req)
+                        R.MEMORY_KIND.put(r, base, MemoryKind.CUDA_IPC)
+                        R.DEVICE_ID.put(r, base, 1)
+                        R.OFFSET.put(r, base, off & U64)
+                        out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
     return out
 
 

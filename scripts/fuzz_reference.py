@@ -20,6 +20,7 @@ import struct
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import DataType, MemoryKind, Status
+from shmserve.server.models import INDEX_BITS, INDEX_MASK  # SHMS_MODEL_HANDLE (protocol.md: "Model handles")
 
 MAXT, MAXD, ALIGN = P.MAX_TENSORS, P.MAX_DIMS, P.DATA_ALIGN
 CUDA_IPC_BYTES = L["cuda_ipc.size"]  # a device tensor's record in the arena (kind 1)
@@ -168,13 +169,19 @@ def _answer(check: str, text: str) -> tuple[Status, str, str]:
 
 
 def reference(req: dict, models: list, ready: list[bool], data_begin: int,
-              data_end: int) -> tuple[Status, str, str]:
+              data_end: int, generations: list[int] | None = None) -> tuple[Status, str, str]:
     """(status, check, message) of docs/protocol.md section 11 for a decoded request to
     a table of ModelSpecs: check "OK" (message ""), "NOT_FOUND", "UNAVAILABLE" or the
-    first failing check of the table ("1".."23", "4a", "15a")."""
-    mid = req["model_id"]
+    first failing check of the table ("1".."23", "4a", "15a"). generations: each
+    entry's handle generation (default 0, as the fuzzing tables write them)."""
+    generations = generations or [0] * len(models)
+    handle = req["model_id"]  # a model handle: the table index, and its generation above
+    mid = handle & INDEX_MASK
     if mid >= len(models):
-        return _answer("NOT_FOUND", f"request names an unknown model id {mid}")
+        return _answer("NOT_FOUND", f"request names an unknown model id {handle}")
+    if handle >> INDEX_BITS != generations[mid]:
+        return _answer("UNAVAILABLE", f"stale model id {handle:#x}: its model was unloaded or "
+                       "reloaded; resolve the model name again")
     m = models[mid]
     if not ready[mid]:
         return _answer("UNAVAILABLE", f"model '{m.name}' version {m.version} is not ready "
