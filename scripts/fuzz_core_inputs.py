@@ -233,6 +233,11 @@ def take_edges() -> list[bytes]:
                         R.DEVICE_ID.put(r, base, 1)
                         R.OFFSET.put(r, base, off & U64)
                         out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
+                    for kind, device in ((0, 1), (2, 0)):  # refused, by a model that takes 0 and 1
+                        r = bytearray(req)
+                        R.MEMORY_KIND.put(r, base, kind)
+                        R.DEVICE_ID.put(r, base, device)
+                        out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
     return out
 
 
