@@ -52,8 +52,9 @@ def missing_pieces() -> list[str]:
     gpu = gpu_problem()
     if gpu:
         missing.append(gpu)
-    for module, install in (("tensorrt", "pip install tensorrt"),
-                            ("cupy", "pip install cupy-cuda12x")):
+    for module, install in (("tensorrt", "pip install --extra-index-url https://pypi.nvidia.com "
+                                         "'shmserve[tensorrt]'"),
+                            ("cupy", "pip install 'shmserve[gpu]'")):
         try:
             __import__(module)
         except ImportError as e:
