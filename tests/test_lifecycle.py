@@ -520,7 +520,8 @@ def test_mapping_of_an_ended_lease_stays_until_dropped_between_batches(main_serv
     finally:
         srv.close()
     maps = ServerMaps({"max_clients": max_clients, "slots_per_client": slots,
-                       "n_models": n_models, "n_workers": n_workers, "control": control,
+                       "n_models": n_models, "n_workers": n_workers,
+                       "control_fd": os.open(control, os.O_RDWR | os.O_CLOEXEC),
                        "control_bytes": os.stat(control).st_size,
                        "server_fd": os.open(server_segment, os.O_RDWR | os.O_CLOEXEC),
                        "spin_us": 0, "max_spin_us": 0,

@@ -217,8 +217,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
-        return {"control": f"/proc/{os.getpid()}/fd/{self.control.fd}",
-                "control_bytes": self.control.size,
+        return {"control_bytes": self.control.size,  # the segments' fds: supervisor.spawn
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,

@@ -27,8 +27,9 @@ class ServerMaps:
     def __init__(self, boot: dict):
         self.layout = ServerLayout(boot["max_clients"], boot["slots_per_client"],
                                    boot["n_models"], boot["n_workers"])
-        self.control = Segment.open_path(boot["control"], boot["control_bytes"])
-        # Inherited from the coordinator (it has no name): mapped, then closed.
+        # Both inherited from the coordinator (memfds without names): mapped, then closed.
+        self.control = Segment.from_fd(boot["control_fd"], boot["control_bytes"], "control segment")
+        os.close(boot["control_fd"])
         self.server = Segment.from_fd(boot["server_fd"], self.layout.size, "server segment")
         os.close(boot["server_fd"])
         self.server.ops.check_header("server")

@@ -84,9 +84,9 @@ class Supervisor:
             boot["handshake_fd"], keep = write_end, keep + (write_end,)
         # A worker's trace pipe (boot "trace") stays open here for its restarts.
         shared = (boot["trace"]["fd"],) if "trace" in boot else ()
-        if child.role != "front":  # the batcher and the workers map the server segment
-            boot["server_fd"] = self.server.fd
-            shared += (self.server.fd,)
+        if child.role != "front":  # the batcher and the workers map both segments, inherited
+            boot["server_fd"], boot["control_fd"] = self.server.fd, self.control.fd
+            shared += (self.server.fd, self.control.fd)
         try:
             module = (f"shmserve.front.{boot['protocol']}" if child.role == "front"
                       else f"shmserve.server.{child.role}")
