@@ -132,9 +132,9 @@ def main() -> None:
     for size in sizes:
         medians = {name: statistics.median(results[name, size]) for name in names}
         line = "  ".join(f"{name} {p50:.0f} us" for name, p50 in medians.items())
-        if len(names) == 2:
-            ratios = [a / b for a, b in zip(results[names[0], size], results[names[1], size])]
-            line += f"  {names[0]}/{names[1]} {statistics.median(ratios):.2f} (per repeat: " \
+        for name in names[:-1]:  # each against the last server named (the reference)
+            ratios = [a / b for a, b in zip(results[name, size], results[names[-1], size])]
+            line += f"  {name}/{names[-1]} {statistics.median(ratios):.2f} (per repeat: " \
                     + ", ".join(f"{r:.2f}" for r in ratios) + ")"
         print(f"{args.protocol:8s} {size * 4 / 1024:6.0f} KiB  median of {args.repeats}: {line}")
 

@@ -373,6 +373,21 @@ static int wait_done(ClientCore *self, shms_slot *s, uint64_t started, int64_t t
   }
 }
 
+/* A call that does not wait (send) and copies in at most this many bytes keeps the
+ * GIL for its copy-in and first push: handing the GIL over for a few microseconds to
+ * a thread that wants it (an event loop's I/O thread, in a network front) costs the
+ * caller a thread switch to get it back, about 80 us a request in the gRPC front
+ * (bench/README.md, "http_vs_triton.py"). A push that does not go through at once
+ * retries without the GIL. */
+#define GIL_HELD_COPY_BYTES (64u << 10)
+
+static uint64_t copy_in_bytes(const call *c) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < c->n_in; i++)
+    if (!c->in[i].adopted) n += c->in[i].nbytes;
+  return n;
+}
+
 /* Sends a placed call: copy-in, slot, push with the protocol's retries; with
  * `wait`, then waits for the answer as far as it can without the GIL. Returns the
  * push's result; *withdrawn says a failed push put the slot back to FREE (then the
@@ -382,8 +397,17 @@ static int send_call(ClientCore *self, call *c, lease_check *lc, int wait, uint6
   int rc;
   *withdrawn = 0;
   *how = WAIT_SLICE;
+  int held = !wait && copy_in_bytes(c) <= GIL_HELD_COPY_BYTES;
+  if (held) {
+    write_call(self, c);
+    rc = shms_push_request_once(&self->ring, self->client_id, c->slot, c->generation);
+    if (rc == SHMS_RING_OK) {
+      *started = shms_now_ns();
+      return rc;
+    }
+  }
   Py_BEGIN_ALLOW_THREADS
-  write_call(self, c);
+  if (!held) write_call(self, c);
   rc = shms_push_request(&self->ring, self->client_id, c->slot, c->generation, lease_alive, lc);
   /* A failed push takes the request back, unless the batcher took it meanwhile (its
    * sweep takes SUBMITTED requests the ring lost): then it is in flight. */

@@ -55,6 +55,17 @@ static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
   shms_store(&s->state, (uint32_t)SHMS_SLOT_SUBMITTED, memory_order_release);
 }
 
+/* Client: one attempt of shms_push_request: pushes (owner, slot, gen) on the ring and
+ * rings the batcher. A caller that must not block may try this first, and call
+ * shms_push_request (the retries) only when it did not return SHMS_RING_OK. */
+static inline int shms_push_request_once(const shms_ring *r, uint32_t owner, uint32_t slot,
+                                         uint32_t gen) {
+  int rc = shms_ring_push(r, owner, slot, gen);
+  /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell. */
+  shms_doorbell_ring(&r->ctl->doorbell, &r->ctl->batcher_sleeping, 1);
+  return rc;
+}
+
 /* Client: pushes (owner, slot, gen) on the ring and rings the batcher, retrying as
  * docs/protocol.md section 5.1 says. lease_alive(ctx) is asked every
  * SHMS_PUSH_LEASE_CHECK_EVERY skipped pushes; when it returns 0 the push stops.
@@ -65,9 +76,7 @@ static inline int shms_push_request(const shms_ring *r, uint32_t owner, uint32_t
   uint64_t full_since = 0;
   int rc = SHMS_RING_FULL;
   for (int attempt = 0; attempt < SHMS_PUSH_MAX_TRIES; attempt++) {
-    rc = shms_ring_push(r, owner, slot, gen);
-    /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell. */
-    shms_doorbell_ring(&r->ctl->doorbell, &r->ctl->batcher_sleeping, 1);
+    rc = shms_push_request_once(r, owner, slot, gen);
     if (rc == SHMS_RING_OK) return rc;
     if (rc == SHMS_RING_RECLAIMED && attempt % SHMS_PUSH_LEASE_CHECK_EVERY ==
                                          SHMS_PUSH_LEASE_CHECK_EVERY - 1 &&
