@@ -6,7 +6,7 @@
     python scripts/fuzz_core_inputs.py replay TARGET FILE|DIR ...
     python scripts/fuzz_core_inputs.py replay-edges        take_edges() through take
 
-models: the table of scripts/fuzz_requests.py (the atheris campaign's 11 models) as the
+models: the table of scripts/fuzz_requests.py (the atheris campaign's 12 models) as the
 coordinator writes it (fuzz_requests.write_models), raw shms_model_entry bytes;
 scripts/fuzz_core.sh passes it to the harness as SHMS_FUZZ_MODELS.
 
@@ -37,7 +37,7 @@ from fuzz_requests import MODELS, N_MODELS, READY, mutate, structured, write_mod
 
 from shmserve import _core  # noqa: E402
 from shmserve.protocol import LAYOUT as L  # noqa: E402
-from shmserve.protocol import PopResult, RingResult, SlotState, Status  # noqa: E402
+from shmserve.protocol import MemoryKind, PopResult, RingResult, SlotState, Status  # noqa: E402
 from shmserve.server.segments import ArenaLayout, ServerLayout  # noqa: E402
 
 TARGETS = ("take", "ring", "answer")
@@ -144,6 +144,9 @@ def replay_take(data: bytes) -> str:
     check(1 <= rows <= m.max_batch_size if batched else rows == 1, "rows", rows)
     for t in decoded["inputs"] + decoded["outputs"]:
         off, nb = t["offset"], t["nbytes"]
+        if t["memory_kind"] == MemoryKind.CUDA_IPC:  # its record is what lies in the arena
+            check(m.device_memory, "accepted device memory for a model that takes none")
+            nb = L["cuda_ipc.size"]
         check(off % ALIGN == 0 and arena.data <= off and off + nb <= arena.size,
               "accepted a tensor outside [data_offset, arena size)", off, nb)
     want_key = []
@@ -197,7 +200,9 @@ def take_edges() -> list[bytes]:
     not keep (one input reaches both sides of a comparison): for a well-formed request
     to each model, its first input's and first output's (offset, nbytes) set just
     inside and just outside [data_offset, arena size), wrapping 2^64, and misaligned
-    (inside and outside: the misalignment is reported first)."""
+    (inside and outside: the misalignment is reported first); for a model that takes
+    device memory, the same entry in memory kind 1 with its 160-byte record just inside
+    and outside."""
     seg = segments()
     out = []
     for mid in range(N_MODELS):
@@ -219,6 +224,15 @@ def take_edges() -> list[bytes]:
                     R.OFFSET.put(r, base, off & U64)
                     R.NBYTES.put(r, base, nb & U64)
                     out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
+                if MODELS[mid].device_memory:  # in device memory: its record's bounds
+                    record = L["cuda_ipc.size"]
+                    for off in (end - 3 * ALIGN, end - 2 * ALIGN, end - ALIGN, end,
+                                begin, begin - ALIGN, end - record - ALIGN // 2):
+                        r = bytearray(req)
+                        R.MEMORY_KIND.put(r, base, MemoryKind.CUDA_IPC)
+                        R.DEVICE_ID.put(r, base, 1)
+                        R.OFFSET.put(r, base, off & U64)
+                        out.append(bytes([arena_index, mid % N_SLOTS, 0, 0]) + bytes(r))
     return out
 
 

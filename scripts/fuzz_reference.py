@@ -20,8 +20,10 @@ import struct
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import DataType, MemoryKind, Status
+from shmserve.server.models import INDEX_BITS, INDEX_MASK  # SHMS_MODEL_HANDLE (protocol.md: "Model handles")
 
 MAXT, MAXD, ALIGN = P.MAX_TENSORS, P.MAX_DIMS, P.DATA_ALIGN
+CUDA_IPC_BYTES = L["cuda_ipc.size"]  # a device tensor's record in the arena (kind 1)
 U32, U64 = 2**32 - 1, 2**64 - 1
 BYTES = int(DataType.BYTES)
 ERROR_TEXT = L["ERROR_BYTES"] - 1  # the message's bytes before its NUL (snprintf cuts there)
@@ -167,13 +169,19 @@ def _answer(check: str, text: str) -> tuple[Status, str, str]:
 
 
 def reference(req: dict, models: list, ready: list[bool], data_begin: int,
-              data_end: int) -> tuple[Status, str, str]:
+              data_end: int, generations: list[int] | None = None) -> tuple[Status, str, str]:
     """(status, check, message) of docs/protocol.md section 11 for a decoded request to
     a table of ModelSpecs: check "OK" (message ""), "NOT_FOUND", "UNAVAILABLE" or the
-    first failing check of the table ("1".."23", "4a", "15a")."""
-    mid = req["model_id"]
+    first failing check of the table ("1".."23", "4a", "15a"). generations: each
+    entry's handle generation (default 0, as the fuzzing tables write them)."""
+    generations = generations or [0] * len(models)
+    handle = req["model_id"]  # a model handle: the table index, and its generation above
+    mid = handle & INDEX_MASK
     if mid >= len(models):
-        return _answer("NOT_FOUND", f"request names an unknown model id {mid}")
+        return _answer("NOT_FOUND", f"request names an unknown model id {handle}")
+    if handle >> INDEX_BITS != generations[mid]:
+        return _answer("UNAVAILABLE", f"stale model id {handle:#x}: its model was unloaded or "
+                       "reloaded; resolve the model name again")
     m = models[mid]
     if not ready[mid]:
         return _answer("UNAVAILABLE", f"model '{m.name}' version {m.version} is not ready "
@@ -182,23 +190,26 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
     def refuse(check: str, text: str) -> tuple[Status, str, str]:
         return _answer(check, f"model '{m.name}': {text}")
 
-    def placement(t: dict, check: str, what: str) -> tuple | None:
+    def placement(t: dict, check: str, name: str, noun: str) -> tuple | None:
         """Check 11 (an input's data) or 16 (an output's buffer): its offset aligned,
-        then [offset, +nbytes) inside the caller's data region. -> refusal or None."""
+        then [offset, +nbytes) inside the caller's data region; in device memory (kind
+        1), its CUDA IPC record's 160 bytes instead. -> refusal or None."""
         off, nb = t["offset"], t["nbytes"]
         if off % ALIGN:
-            return refuse(check, f"{what} offset {off} is not a multiple of {ALIGN}")
+            return refuse(check, f"{name} {noun} offset {off} is not a multiple of {ALIGN}")
+        if t["memory_kind"] == MemoryKind.CUDA_IPC:
+            noun, nb = "CUDA IPC record", CUDA_IPC_BYTES
         if off < data_begin or off > data_end or nb > data_end - off:
-            return refuse(check, f"{what} [{off}, +{nb}) is outside the caller's arena")
+            return refuse(check, f"{name} {noun} [{off}, +{nb}) is outside the caller's arena")
         return None
 
     def entry(t: dict, side: str, seen: set) -> tuple[tuple | None, str]:
         """Checks 3, 4, 4a of an input or 14, 15, 15a of an output: its index names a
         tensor of the model, not named before, in the caller's arena.
         -> (refusal or None, "input '<name>'")."""
-        specs, checks, twice, access = {
-            "input": (m.inputs, ("3", "4", "4a"), "given", "reads inputs from"),
-            "output": (m.outputs, ("14", "15", "15a"), "requested", "writes outputs into")}[side]
+        specs, checks, twice = {
+            "input": (m.inputs, ("3", "4", "4a"), "given"),
+            "output": (m.outputs, ("14", "15", "15a"), "requested")}[side]
         k = t["index"]
         if k >= len(specs):
             return refuse(checks[0], f"{side} index {k} out of range (model has {len(specs)} "
@@ -207,10 +218,13 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         if k in seen:
             return refuse(checks[1], f"{name} {twice} twice"), name
         seen.add(k)
-        if t["memory_kind"] != MemoryKind.HOST_ARENA or t["device_id"] != 0:
-            return refuse(checks[2], f"{name} is in memory kind {t['memory_kind']} device "
-                          f"{t['device_id']}; this server {access} the caller's arena only "
-                          "(memory kind 0)"), name
+        kind, device = t["memory_kind"], t["device_id"]
+        if not ((kind == MemoryKind.HOST_ARENA and device == 0)
+                or (kind == MemoryKind.CUDA_IPC and m.device_memory)):
+            takes = ("it takes kind 0 (arena, device 0) or 1 (CUDA IPC)" if m.device_memory
+                     else "it takes kind 0 (arena, device 0); 1 needs KIND_GPU pytorch")
+            return refuse(checks[2], f"{name} is in memory kind {kind} device {device}; "
+                          f"{takes}"), name
         return None, name
 
     batched = m.max_batch_size > 0
@@ -256,7 +270,7 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         for d, want in enumerate(s.dims, start=batched):
             if want >= 0 and shape[d] != want:
                 return refuse("10", f"{name} dimension {d} is {shape[d]}, expected {want}")
-        refusal = placement(t, "11", f"{name} data")
+        refusal = placement(t, "11", name, "data")
         if refusal:
             return refusal
         need = tensor_bytes(t["dtype"], shape)
@@ -270,15 +284,15 @@ def reference(req: dict, models: list, ready: list[bool], data_begin: int,
         refusal, name = entry(t, "output", out_seen)
         if refusal:
             return refusal
-        refusal = placement(t, "16", f"{name} buffer")
+        refusal = placement(t, "16", name, "buffer")
         if refusal:
             return refusal
     if no == 0:
         return refuse("17", "request names no output buffer")
     flags, pbytes, poff = req["flags"], req["parameters_bytes"], req["parameters_offset"]
-    if flags & ~(P.SEQUENCE_START | P.SEQUENCE_END):
+    if flags & ~(P.SEQUENCE_START | P.SEQUENCE_END | P.STREAM):
         return refuse("18", f"request flags 0x{flags:x} set unknown bits (known: SEQUENCE_START "
-                      "0x1, SEQUENCE_END 0x2)")
+                      "0x1, SEQUENCE_END 0x2, STREAM 0x4)")
     if pbytes > P.MAX_PARAMETER_BYTES:
         return refuse("19", f"request parameters hold {pbytes} bytes (limit {P.MAX_PARAMETER_BYTES})")
     if pbytes and (poff < data_begin or poff > data_end or pbytes > data_end - poff):

@@ -22,8 +22,10 @@ from shmserve.server.repository import ModelSpec, TensorSpec
 # ---------------------------------------------------------------- model table
 
 
-def _spec(name, mbs, inputs, outputs, optional=()):
-    return ModelSpec(name=name, version=1, backend="python", path="", max_batch_size=mbs,
+def _spec(name, mbs, inputs, outputs, optional=(), device=False):
+    """device: a pytorch model on a GPU instance, which takes device memory (kind 1)."""
+    return ModelSpec(name=name, version=1, backend="pytorch" if device else "python", path="",
+                     devices=(0,) if device else (), max_batch_size=mbs,
                      inputs=tuple(TensorSpec(*t, optional=k in optional)
                                   for k, t in enumerate(inputs)),
                      outputs=tuple(TensorSpec(*t) for t in outputs), instance_count=1,
@@ -64,6 +66,9 @@ MODELS = [
           [("OUT", D["FP32"], (-1,))], optional=(1,)),
     _spec("optional_only", 4, [("A", D["FP32"], (-1,)), ("B", D["FP32"], (-1,))],
           [("OUT", D["FP32"], (-1,))], optional=(0, 1)),
+    # Device memory (memory kind 1 and its CUDA IPC record's bounds), last for the same reason.
+    _spec("on_gpu", 8, [("X", D["FP32"], (-1,)), ("Y", D["INT64"], (4,))],
+          [("OUT", D["FP32"], (-1,)), ("OUT2", D["INT64"], (4,))], device=True),
 ]
 READY = [m.name != "unready" for m in MODELS]
 N_MODELS = len(MODELS)

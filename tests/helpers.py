@@ -176,6 +176,28 @@ class TritonPythonModel:
 '''
 
 
+def gpu_torch():
+    """torch, where it is installed with CUDA and sees a GPU; else None."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def write_affine(repo: Path, torch, config: str, name: str = "affine") -> None:
+    """A TorchScript model computing x * 2 + 1 (torch given: the caller's import), with
+    `config` as its config.pbtxt."""
+
+    class Affine(torch.nn.Module):
+        def forward(self, x):
+            return x * 2.0 + 1.0
+
+    (repo / name / "1").mkdir(parents=True)
+    torch.jit.script(Affine()).save(str(repo / name / "1" / "model.pt"))
+    (repo / name / "config.pbtxt").write_text(config)
+
+
 def copy_bundled(repo: Path, mlp_onnx: Path | None, names=("identity", "simple", "mlp")) -> None:
     for name in names:
         src = BUNDLED_REPO / name

@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 from google.protobuf import text_format
-from helpers import IDENTITY_CODE, python_config, write_model
+from helpers import gpu_torch, IDENTITY_CODE, python_config, write_affine, write_model
 from tritonclient.grpc import model_config_pb2 as mc
 
 from shmserve import errors
@@ -175,15 +175,7 @@ def test_cuda_pool_sizes_are_read_as_triton_writes_them(capsys):
 
 # ---------------------------------------------------------------- on a GPU
 
-def _gpu_torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
-TORCH = _gpu_torch()
+TORCH = gpu_torch()
 needs_gpu = pytest.mark.skipif(not GPUS, reason="no NVIDIA GPU visible (NVML through "
                                                 "nvidia-ml-py): scripts/gpu_check.sh runs these")
 
@@ -226,20 +218,11 @@ def test_onnxruntime_on_the_gpu_equals_the_cpu(server_factory, mlp_onnx):
 @pytest.mark.gpu
 @pytest.mark.skipif(TORCH is None, reason="torch with CUDA and a GPU are needed")
 def test_pytorch_on_the_gpu_equals_torch(server_factory):
-    torch = TORCH
-
-    class Affine(torch.nn.Module):
-        def forward(self, x):
-            return x * 2.0 + 1.0
-
     def setup(repo):
-        (repo / "affine" / "1").mkdir(parents=True)
-        torch.jit.script(Affine()).save(str(repo / "affine" / "1" / "model.pt"))
-        (repo / "affine" / "config.pbtxt").write_text(
-            'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
-            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-            'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
-            'instance_group [ { kind: KIND_GPU } ]\n')
+        write_affine(repo, TORCH, 'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+                     'input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                     'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+                     'instance_group [ { kind: KIND_GPU } ]\n')
 
     server = server_factory(setup=setup)
     x = np.arange(12, dtype=np.float32).reshape(3, 4)

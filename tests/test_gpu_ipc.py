@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import wait_until
+from helpers import gpu_torch, wait_until, write_affine
 
 from shmserve import errors
 from shmserve.gpu import ipc
@@ -27,15 +27,7 @@ from shmserve.server.repository import ModelSpec, TensorSpec
 pytestmark = pytest.mark.timeout(180)
 
 
-def _gpu_torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
-TORCH = _gpu_torch()
+TORCH = gpu_torch()
 needs_gpu = pytest.mark.skipif(TORCH is None, reason="torch with CUDA and a GPU are needed: "
                                                      "scripts/gpu_check.sh runs these")
 AFFINE = ('platform: "pytorch_libtorch"\nmax_batch_size: 64\n'
@@ -114,18 +106,7 @@ def test_the_record_is_the_layout_s():
 
 @pytest.fixture
 def affine(server_factory):
-    torch = TORCH
-
-    class Affine(torch.nn.Module):
-        def forward(self, x):
-            return x * 2.0 + 1.0
-
-    def setup(repo):
-        (repo / "affine" / "1").mkdir(parents=True)
-        torch.jit.script(Affine()).save(str(repo / "affine" / "1" / "model.pt"))
-        (repo / "affine" / "config.pbtxt").write_text(AFFINE)
-
-    return server_factory(setup=setup)
+    return server_factory(setup=lambda repo: write_affine(repo, TORCH, AFFINE))
 
 
 @pytest.mark.gpu

@@ -732,6 +732,55 @@ def test_server_options_carry_the_flags():
     assert "grpc.default_compression_level" not in dict(server_options({"arena_bytes": 1})[0])
 
 
+def _without_raw(message):
+    copy = pb.ModelInferRequest()
+    copy.CopyFrom(message)
+    copy.ClearField("raw_input_contents")
+    return copy
+
+
+def test_read_infer_request_reads_what_protobuf_reads():
+    """The inference RPCs' deserializer splits a large request's raw contents off as
+    views of the received bytes: the same message and contents as protobuf's parse,
+    wherever the raw contents stand, small requests included; a damaged message (cut
+    anywhere, bytes flipped) is protobuf's: the same message or the same error."""
+    from google.protobuf.message import DecodeError
+    from shmserve.front.grpc import SPLIT_MIN_BYTES, read_infer_request
+
+    rng = np.random.default_rng(0)
+    req = pb.ModelInferRequest(model_name="m", model_version="2", id="x")
+    req.parameters["sequence_id"].int64_param = 300
+    req.parameters["f"].double_param = 0.5
+    for i, n in enumerate((SPLIT_MIN_BYTES, 3, 0, 200)):
+        req.inputs.add(name=f"I{i}", datatype="UINT8", shape=[n])
+        req.raw_input_contents.append(rng.bytes(n))
+    req.outputs.add(name="O").parameters["classification"].int64_param = 2
+    wire = req.SerializeToString()
+    raw_first = b"".join(pb.ModelInferRequest(raw_input_contents=[r]).SerializeToString()
+                         for r in req.raw_input_contents) + _without_raw(req).SerializeToString()
+    small = pb.ModelInferRequest(model_name="m", raw_input_contents=[b"ab"]).SerializeToString()
+    for data in (wire, raw_first, small):
+        message, raw = read_infer_request(data)
+        expected = pb.ModelInferRequest.FromString(data)
+        assert [bytes(r) for r in raw] == list(expected.raw_input_contents)
+        assert _without_raw(message) == _without_raw(expected)
+    damaged = [wire[:cut] for cut in (1, 5, len(wire) // 2, len(wire) - 1)]
+    for at in rng.integers(0, 600, 40):  # the fields before the large contents
+        flipped = bytearray(wire)
+        flipped[at] ^= 0xFF
+        damaged.append(bytes(flipped))
+    for data in damaged:
+        try:
+            expected = pb.ModelInferRequest.FromString(data)
+        except DecodeError:
+            with pytest.raises(DecodeError):
+                read_infer_request(data)
+            continue
+        message, raw = read_infer_request(data)
+        assert [bytes(r) for r in raw] == list(expected.raw_input_contents)
+        assert _without_raw(message) == _without_raw(expected)
+
+
 def test_engine_killed_answers_unavailable(server_factory):
     """The coordinator SIGKILLed while a gRPC request waits on a model: its fronts die
     with it, so the caller gets UNAVAILABLE at once, not a hang."""

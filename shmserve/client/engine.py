@@ -45,6 +45,10 @@ _BYTES = P.DataType.BYTES
 WAIT_SLICE_NS = 50_000_000  # between liveness checks of the server while waiting
 SPIN_US = 100  # a caller spins at least this long for its answer before it sleeps
 MAX_SPIN_US = 1000  # ... and up to this long when its answers usually take that long
+# The futures' poller outlives its last future this long, so that a caller submitting
+# one request after another (a network front at concurrency 1) does not start a thread
+# for each (about 200 us on a small machine) and wait for its start.
+POLLER_IDLE_NS = 2_000_000_000
 
 
 def DeviceSourceType():
@@ -718,15 +722,30 @@ class Engine:
         return len(ready)
 
     def _poll(self) -> None:
+        try:
+            self._poll_until_idle()
+        except ValueError:  # the mappings were released under it: closed meanwhile
+            if not self._closed:
+                raise
+
+    def _poll_until_idle(self) -> None:
+        idle_since = None  # when the last future in flight resolved
         while not self._closed:
             seen = self._ops.load32(L["arena.completions"])
             self._collect()
             with self._lock:  # decided under the lock ensure_poller takes
-                if not self._core.n_futures:
+                if self._core.n_futures:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = self._now()
+                elif self._now() - idle_since >= POLLER_IDLE_NS:
                     self._poller = None
                     return
+            # Idle, it sleeps without spinning: a request submitted meanwhile rings the
+            # same doorbell when it completes.
+            spin = self._spin_ns if idle_since is None else 0
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
-                                           self._spin_ns, WAIT_SLICE_NS):
+                                           spin, WAIT_SLICE_NS):
                 if self._closed:  # close() released the mappings while we waited
                     return
                 try:

@@ -5,7 +5,7 @@ perf_analyzer and other callers that are not on this machine's shared memory.
     python -m shmserve.front.grpc   (started by the coordinator; boot message on stdin)
 
 Like the HTTP front (http.py) a front is one process and one client lease of the
-engine, on grpcio's asyncio server; several fronts (--grpc-infer-thread-count) bind
+engine, on grpcio's asyncio server (on uvloop); several fronts (--grpc-infer-thread-count) bind
 the port with SO_REUSEPORT (grpcio's default) and the kernel spreads connections over
 them. Tensors are checked by codec.py, as the HTTP front's are; raw input contents go
 from the message into the arena in one copy (the engine's), outputs go from the arena
@@ -38,8 +38,8 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, model_metadata, \
-    not_found_message, parse_version, server_ready
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, keep_large_buffers, \
+    model_metadata, not_found_message, parse_version, server_ready
 from .shm import SystemSharedMemory
 
 log = logging.getLogger("shmserve.front")
@@ -64,8 +64,11 @@ EMPTY_FINAL, FINAL_RESPONSE = "triton_enable_empty_final_response", "triton_fina
 STREAM_POLL_S = 0.05  # a stream's reader looks whether its caller left this often
 _END, _SENT = object(), object()  # a decoupled request was answered, was sent (Service.pump)
 
-# Field numbers of what encode_response writes itself (service.proto).
+# Field numbers of what encode_response writes and read_infer_request reads itself
+# (service.proto).
 RAW_OUTPUT_CONTENTS = pb.ModelInferResponse.DESCRIPTOR.fields_by_name["raw_output_contents"].number
+RAW_INPUT_CONTENTS = pb.ModelInferRequest.DESCRIPTOR.fields_by_name["raw_input_contents"].number
+SPLIT_MIN_BYTES = 64 << 10  # smaller requests: protobuf's copies cost less than the split
 STREAM_INFER_RESPONSE = pb.ModelStreamInferResponse.DESCRIPTOR.fields_by_name["infer_response"].number
 
 
@@ -76,6 +79,66 @@ def _varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def _read_varint(data, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]  # IndexError past the end: a truncated message
+        value |= (byte & 0x7F) << shift
+        i += 1
+        if byte < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def read_infer_request(data: bytes) -> tuple:
+    """The ModelInfer / ModelStreamInfer deserializer: (ModelInferRequest, raw input
+    contents). Of a large request the raw contents are views of the received bytes,
+    split from the rest of the message by walking its top-level fields, and only the
+    rest is parsed by protobuf: protobuf would copy each one twice (into its message,
+    then into a new bytes at each access) before the engine copies it into the arena.
+    A message the walk does not take (a wire type it does not expect, a truncated
+    field) is parsed by protobuf as a whole, which words its error."""
+    if len(data) >= SPLIT_MIN_BYTES:
+        try:
+            return _split_raw(data)
+        except (ValueError, IndexError):
+            pass
+    message = pb.ModelInferRequest.FromString(data)
+    return message, message.raw_input_contents
+
+
+def _split_raw(data: bytes) -> tuple:
+    view = memoryview(data)
+    rest, raw = [], []
+    i = start = 0  # start: the first byte of the fields not yet put in `rest`
+    end = len(data)
+    while i < end:
+        field_at = i
+        key, i = _read_varint(data, i)
+        wire = key & 7
+        if wire == 2:  # length-delimited
+            length, i = _read_varint(data, i)
+            if i + length > end:
+                raise ValueError("field past the end")
+            if key >> 3 == RAW_INPUT_CONTENTS:
+                rest.append(view[start:field_at])
+                raw.append(view[i:i + length])
+                start = i + length
+            i += length
+        elif wire == 0:
+            _, i = _read_varint(data, i)
+        elif wire in (1, 5):  # fixed 64 / 32 bits
+            i += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire}")
+    if i != end:
+        raise ValueError("field past the end")
+    rest.append(view[start:])
+    return pb.ModelInferRequest.FromString(b"".join(rest)), raw
 
 
 def _field(number: int, data) -> list:
@@ -218,6 +281,8 @@ def shm_regions(tensors, kind: str) -> dict:
     whose parameters name a system shared memory region."""
     out = {}
     for t in tensors:
+        if not t.parameters:  # the common case: nothing to check
+            continue
         where = f"{kind} '{t.name}'"
         params = _parameters(t.parameters)
         allowed = codec.SHM_PARAMETERS | ({codec.CLASSIFICATION} if kind == "output" else set())
@@ -228,12 +293,12 @@ def shm_regions(tensors, kind: str) -> dict:
     return out
 
 
-def decode_inputs(request, in_shm: dict, read_shm=None) -> dict:
+def decode_inputs(request, raw, in_shm: dict, read_shm=None) -> dict:
     """The request's inputs as {name: array}, checked by codec like the HTTP front's;
-    raw contents are views of the message (the engine copies them into the arena). An
-    input in shared memory (in_shm, from shm_regions) is read by read_shm(name, spec,
-    datatype, dtype, shape); raw contents then belong, in order, to the other inputs."""
-    raw = request.raw_input_contents
+    raw: its raw_input_contents (read_infer_request), whose arrays are views (the
+    engine copies them into the arena). An input in shared memory (in_shm, from
+    shm_regions) is read by read_shm(name, spec, datatype, dtype, shape); raw contents
+    then belong, in order, to the other inputs."""
     if not request.inputs:
         raise codec.BadRequest("request has no inputs")
     in_message = len(request.inputs) - len(in_shm)
@@ -410,25 +475,25 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ---------------------------------------------------------------------
     async def ModelInfer(self, request, context):
-        return await self._answer(context, self.infer(request))
+        return await self._answer(context, self.infer(*request))
 
-    async def infer(self, request) -> bytes:
+    async def infer(self, request, raw) -> bytes:
         """The serialized ModelInferResponse (the method's serializer passes bytes on).
         A decoupled model is refused, as Triton refuses it: it answers on streams only."""
-        call = await self.prepare(request)
+        call = await self.prepare(request, raw)
         if call.decoupled:
             raise GrpcError(grpc.StatusCode.UNIMPLEMENTED,
                             decoupled_refused("ModelInfer RPC", call.model))
         return await self.infer_once(call)
 
-    async def prepare(self, request) -> Call:
-        """The request checked and decoded, its inputs ready to send."""
+    async def prepare(self, request, raw) -> Call:
+        """The request checked and decoded (raw: its raw_input_contents, from
+        read_infer_request), its inputs ready to send."""
         model = request.model_name
         version = _version(model, request.model_version)
         # Request parameters as the HTTP front maps them (Triton's): priority, timeout,
         # the sequence extension's, any other key the model's.
-        params = _parameters(request.parameters)
-        codec.check_parameters(params, codec.REQUEST_PARAMETERS, "request", "gRPC", custom=True)
+        params = _parameters(request.parameters) if request.parameters else {}
         empty_final = params.pop(EMPTY_FINAL, False)  # Triton's, not the model's
         if not isinstance(empty_final, bool):
             raise codec.BadRequest(f"invalid value type for '{EMPTY_FINAL}' parameter, "
@@ -438,10 +503,11 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         except errors.ModelNotFoundError:
             raise GrpcError(grpc.StatusCode.NOT_FOUND,
                             not_found_message(model, version)) from None
-        options = codec.request_options({"parameters": params})
+        options = codec.request_options({"parameters": params}) if params else {}
         in_shm = shm_regions(request.inputs, "input")
         out_shm = shm_regions(request.outputs, "output")
-        counts = codec.class_counts((o.name, _parameters(o.parameters)) for o in request.outputs)
+        counts = codec.class_counts((o.name, _parameters(o.parameters))
+                                    for o in request.outputs if o.parameters)
         targets = {}
         if in_shm or out_shm:
             if self.shm.needs_refresh():
@@ -452,7 +518,7 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
             return self.shm.read_input(*spec, name=name, datatype=datatype, dtype=dtype,
                                        shape=shape, model=model, empty=self.client.empty)
 
-        arrays = decode_inputs(request, in_shm, read_shm)
+        arrays = decode_inputs(request, raw, in_shm, read_shm)
         return Call(request, model, version, plan.meta["decoupled"], empty_final, arrays,
                     [o.name for o in request.outputs], options, counts, out_shm, targets)
 
@@ -502,9 +568,10 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         pending: set[asyncio.Task] = set()
         loop = asyncio.get_running_loop()
 
-        async def one(request, after: asyncio.Future | None, sent: asyncio.Future):
+        async def one(received, after: asyncio.Future | None, sent: asyncio.Future):
+            request = received[0]  # (ModelInferRequest, raw contents): read_infer_request
             try:
-                call = await self.prepare(request)
+                call = await self.prepare(*received)
                 if after is not None:
                     await after
                 if call.decoupled:
@@ -521,11 +588,11 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
         async def read():
             try:
                 sent = None  # the previous request's: set once it was sent
-                async for request in request_iterator:
+                async for received in request_iterator:
                     if len(pending) >= self.max_stream_in_flight:  # the caller waits (flow control)
                         await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
                     after, sent = sent, loop.create_future()
-                    task = asyncio.create_task(one(request, after, sent))
+                    task = asyncio.create_task(one(received, after, sent))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                 while pending:
@@ -722,15 +789,16 @@ def _serialize(message) -> bytes:
 
 
 def add_service(service: Service, server) -> None:
-    """service_pb2_grpc's registration, with _serialize as every method's serializer."""
+    """service_pb2_grpc's registration, with _serialize as every method's serializer
+    and read_infer_request as the inference methods' deserializer."""
     handlers = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
         kind = (grpc.stream_stream_rpc_method_handler if method.client_streaming
                 else grpc.unary_unary_rpc_method_handler)
-        handlers[method.name] = kind(
-            getattr(service, method.name),
-            request_deserializer=getattr(pb, method.input_type.name).FromString,
-            response_serializer=_serialize)
+        read = (read_infer_request if method.input_type is pb.ModelInferRequest.DESCRIPTOR
+                else getattr(pb, method.input_type.name).FromString)
+        handlers[method.name] = kind(getattr(service, method.name), request_deserializer=read,
+                                     response_serializer=_serialize)
     name = "inference.GRPCInferenceService"
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
     server.add_registered_method_handlers(name, handlers)
@@ -792,10 +860,13 @@ async def serve(boot: dict, client: Client) -> None:
 
 
 def main() -> None:
+    import uvloop
+
     from ..server.maps import child_setup
     from ..server.worker import report_load
 
     boot = child_setup("front")
+    keep_large_buffers()
     try:
         client = Client(boot["server_name"], socket_path_=boot["socket"],
                         arena_bytes=boot["arena_bytes"])
@@ -804,7 +875,10 @@ def main() -> None:
         log.error("gRPC front %d: %s", boot["index"], e.msg)
         raise SystemExit(3)
     try:
-        asyncio.run(serve(boot, client))
+        # uvloop, as the HTTP front: the loop's own steps in C; an answer's hand-over
+        # from the engine's poller thread to the loop took 114 us on asyncio's loop, 62
+        # on uvloop (4 KiB identity, bench/README.md "http_vs_triton.py")
+        uvloop.run(serve(boot, client))
     finally:
         client.close()
 

@@ -27,8 +27,8 @@ from .. import protocol as P
 from ..client import Client
 from ..server.statistics import triton_only
 from . import classification, codec
-from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, model_metadata, \
-    not_found_message, parse_version, server_ready
+from .common import CONTROL_TIMEOUT_S, EXTENSIONS, decoupled_refused, keep_large_buffers, \
+    model_metadata, not_found_message, parse_version, server_ready
 
 from .shm import SystemSharedMemory
 
@@ -277,11 +277,12 @@ class Front:
         head = bytearray()
         rest = b""
         async for chunk in chunks:
-            head += chunk
-            if header_len is not None and len(head) >= header_len:
-                rest = bytes(head[header_len:])
-                del head[header_len:]
+            if header_len is not None and len(head) + len(chunk) >= header_len:
+                cut = header_len - len(head)  # the binary data after it is not copied here
+                head += memoryview(chunk)[:cut]
+                rest = memoryview(chunk)[cut:]
                 break
+            head += chunk
             if len(head) > MAX_HEADER_BYTES:
                 raise HttpError(413, f"the request's JSON is larger than {MAX_HEADER_BYTES} bytes")
         if header_len is not None and len(head) < header_len:
@@ -450,6 +451,7 @@ def main() -> None:
     from ..server.worker import report_load
 
     boot = child_setup("front")
+    keep_large_buffers()
     try:
         client = Client(boot["server_name"], socket_path_=boot["socket"],
                         arena_bytes=boot["arena_bytes"])
@@ -462,7 +464,8 @@ def main() -> None:
         raise SystemExit(3)
     config = uvicorn.Config(Front(client, boot["slots_per_client"], boot["arena_bytes"]), http="httptools",
                             lifespan="off", log_config=None, access_log=False,
-                            server_header=False, timeout_graceful_shutdown=2)
+                            server_header=False, timeout_graceful_shutdown=2,
+                            proxy_headers=False)  # its middleware's work per request, unused
     server = uvicorn.Server(config)
 
     async def serve():

@@ -126,11 +126,15 @@ static void take_setup(void) {
   shadow = malloc(sizeof *shadow);
 }
 
-static int inside(const shms_tensor_ref *t, const arena *a) {
+/* An accepted tensor: 64-aligned inside the caller's data, its bytes there (kind 0,
+ * device 0), or its CUDA IPC record there for a model that takes device memory. */
+static int inside(const shms_tensor_ref *t, const arena *a, const shms_model_entry *m) {
   uint64_t begin = a->g.data_offset, end = a->g.segment_bytes;
+  int host = t->memory_kind == SHMS_MEMORY_HOST_ARENA && t->device_id == 0;
+  int device = t->memory_kind == SHMS_MEMORY_CUDA_IPC && m->device_memory;
+  uint64_t held = device ? sizeof(shms_cuda_ipc) : t->nbytes;
   return t->offset % SHMS_DATA_ALIGN == 0 && t->offset >= begin && t->offset <= end &&
-         t->nbytes <= end - t->offset && t->memory_kind == SHMS_MEMORY_HOST_ARENA &&
-         t->device_id == 0;
+         held <= end - t->offset && (host || device);
 }
 
 static void fuzz_take(reader *in) {
@@ -179,7 +183,7 @@ static void fuzz_take(reader *in) {
             r->n_outputs <= SHMS_MAX_TENSORS, "counts %u %u", r->n_inputs, r->n_outputs);
   for (uint32_t i = 0; i < r->n_inputs; i++) {
     const shms_tensor_ref *t = &r->inputs[i];
-    CHECK(inside(t, a), "input %u [%llu, +%llu) accepted outside the data", i,
+    CHECK(inside(t, a, m), "input %u [%llu, +%llu) accepted outside the data", i,
           (unsigned long long)t->offset, (unsigned long long)t->nbytes);
     CHECK(t->index < m->n_inputs && t->dtype == m->inputs[t->index].dtype &&
               t->ndim == m->inputs[t->index].ndim + batched,
@@ -187,7 +191,7 @@ static void fuzz_take(reader *in) {
     CHECK(!batched || t->shape[0] == (int64_t)rows, "input %u batch dim", i);
   }
   for (uint32_t i = 0; i < r->n_outputs; i++)
-    CHECK(inside(&r->outputs[i], a) && r->outputs[i].index < m->n_outputs,
+    CHECK(inside(&r->outputs[i], a, m) && r->outputs[i].index < m->n_outputs,
           "output %u accepted outside the data or the model", i);
   int64_t *key = malloc(sizeof(int64_t) * SHMS_SHAPE_KEY_MAX); /* ASan: exact bounds */
   size_t nk = shms_shape_key(r, m, key);
