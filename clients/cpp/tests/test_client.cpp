@@ -9,6 +9,8 @@
 //                                                               while a request waits
 //   shmserve_cpp_tests stream    --socket PATH                  decoupled models
 //                                                               (tests/test_decoupled.py)
+//   shmserve_cpp_tests device    --socket PATH --dir DIR        device tensors on a GPU
+//                                                               (DIR/device.txt)
 // No test framework: CHECK (check.hpp) prints what failed and where; the exit code
 // counts failures.
 #include <iostream>
@@ -518,6 +520,55 @@ void stream(const shmserve::Options &opts) {
   }, "model 'stream' is decoupled", shmserve::Status::INVALID_ARG);
 }
 
+/// Device tensors by CUDA IPC on a GPU (tests/test_cpp_client.py exports a torch
+/// tensor and its output buffer into DIR/device.txt, the server serves `affine`,
+/// x * 2 + 1 on KIND_GPU): the output into the caller's buffer, then into the arena
+/// (DIR/arena.bin), then a buffer too small. Lines:
+///   x   MEM_HANDLE OFFSET UUID ORDINAL EVENT_HANDLE|- ROWS COLS
+///   out MEM_HANDLE OFFSET UUID ORDINAL CAPACITY
+void device(const shmserve::Options &opts, const std::string &dir) {
+  shmserve::Client client(opts);
+  std::ifstream in(dir + "/device.txt");
+  shmserve::DeviceTensor x;
+  shmserve::DeviceBuffer out;
+  auto bytes = [](const std::string &hex, auto &dst) {
+    std::string raw = test::unhex(hex);
+    CHECK(raw.size() == dst.size(), "a handle of ", raw.size(), " bytes");
+    std::memcpy(dst.data(), raw.data(), std::min(raw.size(), dst.size()));
+  };
+  std::string key, mem, uuid, event;
+  while (in >> key) {
+    if (key == "x") {
+      int64_t rows = 0, cols = 0;
+      in >> mem >> x.offset >> uuid >> x.device >> event >> rows >> cols;
+      bytes(mem, x.mem_handle), bytes(uuid, x.device_uuid);
+      if (event != "-") bytes(event, x.event.emplace());
+      x.dtype = shmserve::DType::FP32, x.shape = {rows, cols};
+    } else if (key == "out") {
+      in >> mem >> out.offset >> uuid >> out.device >> out.capacity;
+      bytes(mem, out.mem_handle), bytes(uuid, out.device_uuid);
+    }
+  }
+  CHECK(x.shape.size() == 2, "no input in ", dir, "/device.txt");
+  if (x.shape.size() != 2) return;
+  const uint64_t nbytes = static_cast<uint64_t>(x.shape[0] * x.shape[1]) * 4;
+  shmserve::RequestOptions o;
+  o.device_outputs["OUTPUT__0"] = out;
+  auto r = client.infer("affine", {{"x", x}}, o);
+  const auto &y = r["OUTPUT__0"];
+  CHECK(y.on_device() && y.data == nullptr && y.nbytes == nbytes && y.shape == x.shape && y.device_id == out.device,
+        "the output written into the caller's buffer: ", y.nbytes, " bytes");
+  auto h = client.infer("affine", {{"x", x}});
+  const auto &z = h["OUTPUT__0"];
+  CHECK(!z.on_device() && z.nbytes == nbytes, "the output into the arena");
+  std::ofstream(dir + "/arena.bin", std::ios::binary).write(z.as<char>(), static_cast<std::streamsize>(z.nbytes));
+  o.device_outputs["OUTPUT__0"].capacity = 16;
+  expect_error<shmserve::OutputTooSmallError>(
+      "a device buffer too small", [&] { client.infer("affine", {{"x", x}}, o); },
+      "output 'OUTPUT__0' needs " + std::to_string(nbytes) + " bytes, its device buffer holds 16",
+      shmserve::Status::OUTPUT_TOO_SMALL);
+}
+
 }  // namespace
 
 /// Model control against a server started with --model-control-mode explicit and
@@ -563,7 +614,7 @@ void model_control(const shmserve::Options &opts) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|stream|control [--socket P] [--vectors F] [--dir D]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|stream|control|device [--socket P] [--vectors F] [--dir D]\n", argv[0]);
     return 2;
   }
   std::string mode = argv[1], vectors, dir;
@@ -584,6 +635,7 @@ int main(int argc, char **argv) {
   if (mode == "sequence") run("sequence", [&] { sequence(opts); });
   if (mode == "stream") run("stream", [&] { stream(opts); });
   if (mode == "control") run("model control", [&] { model_control(opts); });
+  if (mode == "device") run("device tensors by CUDA IPC", [&] { device(opts, dir); });
   std::printf("%s: %d failure%s\n", mode.c_str(), test::failures, test::failures == 1 ? "" : "s");
   return test::failures ? 1 : 0;
 }
