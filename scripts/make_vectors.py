@@ -107,6 +107,30 @@ def slot_response(status: int, index: int, results: list) -> bytes:
             + bytes(slot[words:words + 16]))
 
 
+def cuda_ipc_record(mem_handle: str, event_handle: str | None, offset: int, device_uuid: str) -> bytes:
+    """A device tensor's shms_cuda_ipc record (docs/protocol.md 4.7) as the Python client
+    writes it: gpu/ipc.py's DeviceSource.record, for a tensor `offset` bytes into its
+    allocation (the export's fields set here, as _exported() would find them)."""
+    from shmserve.gpu import ipc  # loads libcuda only when a device tensor is sent
+    src = object.__new__(ipc.DeviceSource)
+    src.base, src.handle, src.uuid = 0x7F0000000000, bytes.fromhex(mem_handle), bytes.fromhex(device_uuid)
+    src.ptr = src.base + offset
+    return src.record(bytes.fromhex(event_handle) if event_handle else None)
+
+
+def request_device(model_id: int, inputs: list, outputs: list) -> bytes:
+    """A shms_request with tensors in device memory: each ref as the Python client's
+    engine builds it (_core.TensorRef with memory_kind and device_id), offset the
+    tensor's record in the arena, nbytes the tensor's size (an output: its device
+    buffer's capacity)."""
+    base = L["slot.request"]
+    slot = bytearray(L["slot.size"])
+    refs = [[_core.TensorRef((i, c, o, n, tuple(s), k, d)) for i, c, o, n, s, k, d in tensors]
+            for tensors in (inputs, outputs)]
+    _core.Mapping(slot).write_request(0, 1, model_id, *refs)
+    return bytes(slot[base:base + L["request.size"]])
+
+
 def claim_word(owner: int, pos: int) -> bytes:
     # CLAIM(owner, pos), docs/protocol.md section 5; little-endian u64 as in the cell.
     return struct.pack("<Q", (1 << 63) | ((owner & 0x7FFFFFFF) << 32) | (pos & 0xFFFFFFFF))
@@ -165,6 +189,24 @@ SPECS = {
                       "at 0x28080 (64 bytes), then response_index 2, response_flags 0, "
                       "cancel 0, stream_sleeping 0", slot_response,
                       {"status": 0, "index": 2, "results": [[0, 8, 0x28080, 64, [1, 16]]]}),
+    "cuda_ipc_record": ("shms_cuda_ipc (160 bytes) of an input in device memory: mem_handle "
+                        "00..3f, event_handle 40..7f (flags EVENT), the tensor 0x2100 bytes into "
+                        "its allocation, device_uuid a0..af",
+                        cuda_ipc_record,
+                        {"mem_handle": bytes(range(64)).hex(), "event_handle": bytes(range(64, 128)).hex(),
+                         "offset": 0x2100, "device_uuid": bytes(range(0xA0, 0xB0)).hex()}),
+    "cuda_ipc_record_output": ("the record of an output's device buffer: no event (event_handle "
+                               "0, flags 0), the buffer at the allocation's base",
+                               cuda_ipc_record,
+                               {"mem_handle": bytes(range(64, 128)).hex(), "event_handle": None,
+                                "offset": 0, "device_uuid": bytes(range(0xA0, 0xB0)).hex()}),
+    "request_device": ("shms_request to model 7 with INPUT0 FP32 [1, 1024] in device memory "
+                       "(memory_kind 1, device_id 1, its record at 0x28000, 4096 bytes) and "
+                       "output 0 into a device buffer (kind 1, device 1, record at 0x280c0, "
+                       "capacity 8192): the C++ client's layout, each record 64-aligned",
+                       request_device,
+                       {"model_id": 7, "inputs": [[0, 11, 0x28000, 4096, [1, 1024], 1, 1]],
+                        "outputs": [[0, 0, 0x280C0, 8192, [], 1, 1]]}),
     "claim_word": ("ring cell seq while claimed: CLAIM(owner 3, pos 4097), u64 little-endian",
                    claim_word, {"owner": 3, "pos": 4097}),
     "ring_cell_after_push": ("32-byte ring cell, then enqueue_pos (u64), after push(owner 3, slot 5, "

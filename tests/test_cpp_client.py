@@ -13,11 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import DTYPES, HAVE_BF16, REPO_ROOT, python_config, write_model, SLEEPER_CODE
+from helpers import (DTYPES, HAVE_BF16, REPO_ROOT, SLEEPER_CODE, gpu_torch, python_config,
+                     write_affine, write_model)
 
 from shmserve import protocol as P
 
-pytestmark = pytest.mark.timeout(300)
+# A watchdog, not a time asserted: the first test also waits for the session's build
+# (four targets, one under ASan), which took over 300 s on two shared, loaded cores.
+pytestmark = pytest.mark.timeout(900)
 
 CPP = REPO_ROOT / "clients" / "cpp"
 VECTORS = REPO_ROOT / "tests" / "vectors" / "protocol_vectors.json"
@@ -222,3 +225,40 @@ def test_cpp_model_control(cpp_build, server_factory):
     r = _run([cpp_build / "shmserve_cpp_tests", "control", "--socket", server.socket_path])
     assert "control: 0 failures" in r.stdout, r.stdout
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_torch() is None, reason="torch with CUDA and a GPU are needed: "
+                                                "scripts/gpu_check.sh runs this")
+def test_cpp_client_sends_device_tensors_by_cuda_ipc(cpp_build, server_factory, tmp_path):
+    """On a GPU (scripts/gpu_check.sh): a torch tensor and an output buffer exported here
+    (gpu/ipc.py, as the Python client exports them), sent by the C++ client, which links
+    no CUDA, to a KIND_GPU TorchScript model: the output lands in this process's tensor,
+    the same request with an arena output gives the same bytes, and a buffer too small
+    is OUTPUT_TOO_SMALL (clients/cpp/tests/test_client.cpp, device mode)."""
+    torch = gpu_torch()
+    from test_gpu_ipc import AFFINE
+
+    from shmserve.gpu import ipc
+
+    server = server_factory(setup=lambda repo: write_affine(repo, torch, AFFINE))
+    x = torch.arange(4096, dtype=torch.float32, device="cuda").reshape(4, 1024)
+    out = torch.full_like(x, -1.0)
+    src, dst = ipc.DeviceSource(x, "x"), ipc.DeviceSource(out, "out")
+    events = ipc.SlotEvents()
+    try:
+        event = events.record(0, [src])  # on x's producing stream, after its writes
+        (tmp_path / "device.txt").write_text(
+            f"x {src.handle.hex()} {src.ptr - src.base} {src.uuid.hex()} {src.ordinal} "
+            f"{event.hex() if event else '-'} 4 1024\n"
+            f"out {dst.handle.hex()} {dst.ptr - dst.base} {dst.uuid.hex()} {dst.ordinal} "
+            f"{dst.nbytes}\n")
+        r = _run([cpp_build / "shmserve_cpp_tests", "device", "--socket", server.socket_path,
+                  "--dir", tmp_path])
+    finally:
+        events.close()
+    assert "device: 0 failures" in r.stdout, r.stdout + r.stderr
+    want = x * 2 + 1
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert (tmp_path / "arena.bin").read_bytes() == want.cpu().numpy().tobytes()

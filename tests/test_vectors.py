@@ -107,3 +107,35 @@ def test_control_messages_refuse_what_they_do_not_declare(wire, problem):
 
     with pytest.raises(ValueError, match=problem):
         P.decode_request(wire)
+
+
+def test_device_memory_vectors_are_the_layout_of_protocol_md():
+    """Section 4.7's record and 4.6's kind-1 references, read back the way the server's
+    worker reads them (gpu/ipc.py RECORD) and at the header's offsets."""
+    from shmserve.gpu import ipc
+    from shmserve.protocol import LAYOUT as L
+
+    params = STORED["cuda_ipc_record"]["params"]
+    rec = bytes.fromhex(STORED["cuda_ipc_record"]["hex"])
+    assert len(rec) == L["cuda_ipc.size"] == 160
+    assert ipc.RECORD.unpack(rec) == (bytes.fromhex(params["mem_handle"]),
+                                      bytes.fromhex(params["event_handle"]), params["offset"],
+                                      bytes.fromhex(params["device_uuid"]), ipc.EVENT, 0)
+    fields = {"mem_handle": 0, "event_handle": 64, "offset": 128, "device_uuid": 136, "flags": 152}
+    assert {f: L[f"cuda_ipc.{f}"] for f in fields} == fields
+    assert rec[128:136] == params["offset"].to_bytes(8, "little") and rec[152:160] == bytes([1] + [0] * 7)
+    out = bytes.fromhex(STORED["cuda_ipc_record_output"]["hex"])
+    assert out[64:136] == bytes(72) and out[152:] == bytes(8)  # no event, flags 0, offset 0
+
+    req = bytes.fromhex(STORED["request_device"]["hex"])
+    p = STORED["request_device"]["params"]
+    assert req[:12] == (7).to_bytes(4, "little") + (1).to_bytes(4, "little") + (1).to_bytes(4, "little")
+    for at, (index, dtype, offset, nbytes, shape, kind, device) in (
+            (L["request.inputs"], p["inputs"][0]), (L["request.outputs"], p["outputs"][0])):
+        ref = req[at:at + L["tensor_ref.size"]]
+        assert ref[12:16] == kind.to_bytes(2, "little") + device.to_bytes(2, "little") == bytes([1, 0, 1, 0])
+        assert ref[16:32] == offset.to_bytes(8, "little") + nbytes.to_bytes(8, "little")
+        assert ref[:12] == b"".join(v.to_bytes(4, "little") for v in (index, dtype, len(shape)))
+    # one record after the other in the request's block, each 64-aligned (section 7a)
+    in_record, out_record = p["inputs"][0][2], p["outputs"][0][2]
+    assert in_record % 64 == 0 and out_record - in_record == -(-L["cuda_ipc.size"] // 64) * 64

@@ -9,6 +9,8 @@
 //                                                               while a request waits
 //   shmserve_cpp_tests stream    --socket PATH                  decoupled models
 //                                                               (tests/test_decoupled.py)
+//   shmserve_cpp_tests device    --socket PATH --dir DIR        device tensors on a GPU
+//                                                               (DIR/device.txt)
 // No test framework: CHECK (check.hpp) prints what failed and where; the exit code
 // counts failures.
 #include <iostream>
@@ -236,6 +238,91 @@ void suite(const shmserve::Options &opts) {
     CHECK(client.arena_used() == baseline, "arena after errors: ", client.arena_used());
   });
 
+  run("device tensors (CUDA IPC): refused by a model without device memory", [&] {
+    using shmserve::Status;
+    shmserve::DeviceTensor d;
+    d.dtype = DType::FP32, d.shape = {1, 4}, d.device = 1, d.offset = 256;
+    for (size_t i = 0; i < d.mem_handle.size(); i++) d.mem_handle[i] = static_cast<uint8_t>(i);
+    d.event = shmserve::IpcHandle{};
+    expect_error<shmserve::InvalidArgumentError>(
+        "kind-1 input", [&] { client.infer("identity", {{"INPUT0", d}}); },
+        "model 'identity': input 'INPUT0' is in memory kind 1 device 1; it takes kind 0 (arena, device 0); "
+        "1 needs KIND_GPU pytorch",
+        Status::INVALID_ARG);
+    std::vector<float> x(4, 1.0f);
+    shmserve::RequestOptions o;
+    shmserve::DeviceBuffer out;
+    out.capacity = 16, out.device = 2;
+    o.device_outputs["OUTPUT0"] = out;
+    expect_error<shmserve::InvalidArgumentError>(
+        "kind-1 output", [&] { client.infer("identity", {{"INPUT0", {1, 4}, x}}, o); },
+        "model 'identity': output 'OUTPUT0' is in memory kind 1 device 2; it takes kind 0 (arena, device 0); "
+        "1 needs KIND_GPU pytorch",
+        Status::INVALID_ARG);
+    // Refused by the client, naming the tensor.
+    o.device_outputs = {{"NOPE", out}};
+    expect_error<shmserve::InvalidArgumentError>(
+        "device buffer for no output", [&] { client.infer("identity", {{"INPUT0", {1, 4}, x}}, o); },
+        "model 'identity' output 'NOPE' has a device buffer but is not an output of the model", Status::INVALID_ARG);
+    o.device_outputs = {{"OUTPUT1", out}};
+    auto a = iota32(16, 0);
+    expect_error<shmserve::InvalidArgumentError>(
+        "device buffer for an output not asked for",
+        [&] { client.infer("simple", {{"INPUT0", {1, 16}, a}, {"INPUT1", {1, 16}, a}}, {"OUTPUT0"}, -1, 0, o); },
+        "model 'simple' output 'OUTPUT1' has a device buffer but is not asked for", Status::INVALID_ARG);
+    d.dtype = DType::BYTES;
+    expect_error<shmserve::InvalidArgumentError>(
+        "BYTES in device memory", [&] { client.infer("id_BYTES", {{"INPUT0", d}}); },
+        "input 'INPUT0': a device tensor holds a fixed-size type, not BYTES", Status::INVALID_ARG);
+    CHECK(client.arena_used() == baseline, "arena after refused device requests: ", client.arena_used());
+  });
+
+  run("device tensors (CUDA IPC): a record past the arena's end, and device results", [&] {
+    using shmserve::Status;
+    // The engine below the facade: a request the Client would never write.
+    auto e = std::make_shared<shmserve::detail::Engine>();
+    e->connect(opts);
+    const uint64_t end = reinterpret_cast<const shms_arena_header *>(e->arena_at(0))->segment_bytes;
+    auto call = std::make_shared<shmserve::detail::Call>();
+    call->model = e->model("identity", 0);
+    e->reserve(*call, {{0}}, 0);
+    // 64-aligned, inside the arena, but its 160 bytes run past the end (check 11).
+    call->in_refs = {shmserve::make_tensor_ref(0, DType::FP32, end - 64, 16, {1, 4}, shmserve::MemoryKind::CUDA_IPC, 0)};
+    e->send(call);
+    // identity takes no device memory: check 4a answers before check 11 looks at the record.
+    expect_error<shmserve::InvalidArgumentError>(
+        "record past the arena's end", [&] { e->wait(call, 30); },
+        "model 'identity': input 'INPUT0' is in memory kind 1 device 0; it takes kind 0 (arena, device 0); "
+        "1 needs KIND_GPU pytorch",
+        Status::INVALID_ARG);
+    // What a model that takes device memory answers for an output in the caller's
+    // buffer: a result of kind 1 at the record, read without touching the arena.
+    auto dev = std::make_shared<shmserve::detail::Call>();
+    dev->model = call->model;
+    e->reserve(*dev, {{0, true, 64, 3}}, 0);
+    const shms_tensor_ref &want = dev->out_refs[0];
+    CHECK(want.memory_kind == SHMS_MEMORY_CUDA_IPC && want.device_id == 3 && want.nbytes == 64 &&
+              dev->out_block->nbytes == shmserve::detail::align64(sizeof(shms_cuda_ipc)),
+          "a device output's ref and its record's place");
+    shms_tensor_ref got = shmserve::make_tensor_ref(0, DType::FP32, want.offset, 48, {3, 4}, shmserve::MemoryKind::CUDA_IPC, 3);
+    e->check_results(*dev, {got});
+    auto r = shmserve::detail::Front::result(*e, *dev, {got});
+    const auto &o = r["OUTPUT0"];
+    CHECK(o.on_device() && o.data == nullptr && o.nbytes == 48 && o.device_id == 3 &&
+              o.shape == std::vector<int64_t>({3, 4}),
+          "a device output's result");
+    expect_error<shmserve::InvalidArgumentError>("host view of a device output", [&] { o.as<float>(); },
+                                                 "output 'OUTPUT0' was written into the caller's device buffer",
+                                                 Status::INVALID_ARG);
+    for (auto bad : {shmserve::make_tensor_ref(0, DType::FP32, want.offset, 80, {5, 4}, shmserve::MemoryKind::CUDA_IPC, 3),
+                     shmserve::make_tensor_ref(0, DType::FP32, want.offset, 48, {3, 4}),
+                     shmserve::make_tensor_ref(0, DType::FP32, want.offset, 48, {3, 4}, shmserve::MemoryKind::CUDA_IPC, 1)})
+      expect_error<shmserve::ProtocolError>("a device result past its buffer, of another kind or device",
+                                            [&] { e->check_results(*dev, {bad}); }, "outside the buffers",
+                                            Status::INTERNAL);
+    e->close();
+  });
+
   run("request options: parameters reach the model", [&] {
     std::vector<float> x(1, 1.0f);
     shmserve::RequestOptions o;
@@ -433,6 +520,55 @@ void stream(const shmserve::Options &opts) {
   }, "model 'stream' is decoupled", shmserve::Status::INVALID_ARG);
 }
 
+/// Device tensors by CUDA IPC on a GPU (tests/test_cpp_client.py exports a torch
+/// tensor and its output buffer into DIR/device.txt, the server serves `affine`,
+/// x * 2 + 1 on KIND_GPU): the output into the caller's buffer, then into the arena
+/// (DIR/arena.bin), then a buffer too small. Lines:
+///   x   MEM_HANDLE OFFSET UUID ORDINAL EVENT_HANDLE|- ROWS COLS
+///   out MEM_HANDLE OFFSET UUID ORDINAL CAPACITY
+void device(const shmserve::Options &opts, const std::string &dir) {
+  shmserve::Client client(opts);
+  std::ifstream in(dir + "/device.txt");
+  shmserve::DeviceTensor x;
+  shmserve::DeviceBuffer out;
+  auto bytes = [](const std::string &hex, auto &dst) {
+    std::string raw = test::unhex(hex);
+    CHECK(raw.size() == dst.size(), "a handle of ", raw.size(), " bytes");
+    std::memcpy(dst.data(), raw.data(), std::min(raw.size(), dst.size()));
+  };
+  std::string key, mem, uuid, event;
+  while (in >> key) {
+    if (key == "x") {
+      int64_t rows = 0, cols = 0;
+      in >> mem >> x.offset >> uuid >> x.device >> event >> rows >> cols;
+      bytes(mem, x.mem_handle), bytes(uuid, x.device_uuid);
+      if (event != "-") bytes(event, x.event.emplace());
+      x.dtype = shmserve::DType::FP32, x.shape = {rows, cols};
+    } else if (key == "out") {
+      in >> mem >> out.offset >> uuid >> out.device >> out.capacity;
+      bytes(mem, out.mem_handle), bytes(uuid, out.device_uuid);
+    }
+  }
+  CHECK(x.shape.size() == 2, "no input in ", dir, "/device.txt");
+  if (x.shape.size() != 2) return;
+  const uint64_t nbytes = static_cast<uint64_t>(x.shape[0] * x.shape[1]) * 4;
+  shmserve::RequestOptions o;
+  o.device_outputs["OUTPUT__0"] = out;
+  auto r = client.infer("affine", {{"x", x}}, o);
+  const auto &y = r["OUTPUT__0"];
+  CHECK(y.on_device() && y.data == nullptr && y.nbytes == nbytes && y.shape == x.shape && y.device_id == out.device,
+        "the output written into the caller's buffer: ", y.nbytes, " bytes");
+  auto h = client.infer("affine", {{"x", x}});
+  const auto &z = h["OUTPUT__0"];
+  CHECK(!z.on_device() && z.nbytes == nbytes, "the output into the arena");
+  std::ofstream(dir + "/arena.bin", std::ios::binary).write(z.as<char>(), static_cast<std::streamsize>(z.nbytes));
+  o.device_outputs["OUTPUT__0"].capacity = 16;
+  expect_error<shmserve::OutputTooSmallError>(
+      "a device buffer too small", [&] { client.infer("affine", {{"x", x}}, o); },
+      "output 'OUTPUT__0' needs " + std::to_string(nbytes) + " bytes, its device buffer holds 16",
+      shmserve::Status::OUTPUT_TOO_SMALL);
+}
+
 }  // namespace
 
 /// Model control against a server started with --model-control-mode explicit and
@@ -478,7 +614,7 @@ void model_control(const shmserve::Options &opts) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|stream|control [--socket P] [--vectors F] [--dir D]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s suite|vectors|roundtrip|shutdown|sequence|stream|control|device [--socket P] [--vectors F] [--dir D]\n", argv[0]);
     return 2;
   }
   std::string mode = argv[1], vectors, dir;
@@ -499,6 +635,7 @@ int main(int argc, char **argv) {
   if (mode == "sequence") run("sequence", [&] { sequence(opts); });
   if (mode == "stream") run("stream", [&] { stream(opts); });
   if (mode == "control") run("model control", [&] { model_control(opts); });
+  if (mode == "device") run("device tensors by CUDA IPC", [&] { device(opts, dir); });
   std::printf("%s: %d failure%s\n", mode.c_str(), test::failures, test::failures == 1 ? "" : "s");
   return test::failures ? 1 : 0;
 }

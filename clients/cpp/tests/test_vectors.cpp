@@ -90,6 +90,79 @@ void check_error_types() {
         "enums generated from shmserve.h");
 }
 
+template <class Bytes> Bytes bytes_of(const std::string &hex_text) {
+  std::string raw = test::unhex(hex_text);
+  Bytes out{};
+  CHECK(raw.size() == out.size(), "a handle of ", raw.size(), " bytes");
+  std::memcpy(out.data(), raw.data(), std::min(raw.size(), out.size()));
+  return out;
+}
+
+/// CUDA IPC (docs/protocol.md 4.7, 7a): the records and the request with device
+/// tensors, as the front writes them (make_cuda_ipc_record, make_tensor_ref of kind
+/// CUDA_IPC), from the vectors' params; and the server's bounds for a record.
+void check_device_memory(const test::Json &vectors) {
+  for (const char *name : {"cuda_ipc_record", "cuda_ipc_record_output"}) {
+    const test::Json *v = vectors.get(name);
+    CHECK(v, "vector ", name, " missing");
+    if (!v) continue;
+    const test::Json &p = *v->get("params");
+    std::optional<IpcHandle> event;
+    if (p.get("event_handle")->kind == test::Json::String) event = bytes_of<IpcHandle>(p.str("event_handle"));
+    shms_cuda_ipc r = make_cuda_ipc_record(bytes_of<IpcHandle>(p.str("mem_handle")), std::stoull(p.str("offset")),
+                                           bytes_of<DeviceUuid>(p.str("device_uuid")), event ? &*event : nullptr);
+    CHECK(hex(&r, sizeof r) == v->str("hex"), name, " differs: ", hex(&r, sizeof r));
+  }
+  const test::Json *v = vectors.get("request_device");
+  CHECK(v, "vector request_device missing");
+  if (!v) return;
+  // The front's layout: the input's record at the block's start, the output's after it.
+  const uint64_t block = 0x28000, record = detail::align64(sizeof(shms_cuda_ipc));
+  std::vector<shms_tensor_ref> in = {make_tensor_ref(0, DType::FP32, block, 4096, {1, 1024}, MemoryKind::CUDA_IPC, 1)};
+  std::vector<shms_tensor_ref> out = {make_tensor_ref(0, DType::INVALID, block + record, 8192, {}, MemoryKind::CUDA_IPC, 1)};
+  auto slot = std::make_unique<shms_slot>();
+  std::memset(static_cast<void *>(slot.get()), 0, sizeof *slot);
+  encode_request(*shms_slot_begin(slot.get()), 7, in, out);
+  shms_slot_submit(slot.get(), 1);
+  CHECK(hex(&slot->request, sizeof slot->request) == v->str("hex"), "request_device differs");
+
+  // Checks 4a and 11 (shms_validate_request, the batcher's): a record must lie in the
+  // data region, 160 bytes whatever the tensor's size; a model that does not take
+  // device memory refuses kind 1 before looking at the record.
+  auto entry = std::make_unique<shms_model_entry>();  // large: its statistics
+  shms_model_entry &m = *entry;
+  std::memset(static_cast<void *>(&m), 0, sizeof m);
+  std::snprintf(m.name, sizeof m.name, "gpu_identity");
+  m.max_batch_size = 8, m.n_inputs = 1, m.n_outputs = 1, m.device_memory = 1;
+  std::snprintf(m.inputs[0].name, sizeof m.inputs[0].name, "INPUT0");
+  std::snprintf(m.outputs[0].name, sizeof m.outputs[0].name, "OUTPUT0");
+  m.inputs[0].dtype = m.outputs[0].dtype = SHMS_TYPE_FP32;
+  m.inputs[0].ndim = m.outputs[0].ndim = 1;
+  m.inputs[0].dims[0] = m.outputs[0].dims[0] = -1;
+  const uint64_t begin = 0x28000, end = 0x30000;
+  auto validate = [&](uint64_t in_at, std::string *error) {
+    shms_request r;
+    std::memset(static_cast<void *>(&r), 0, sizeof r);
+    encode_request(r, 0, {make_tensor_ref(0, DType::FP32, in_at, 4096, {1, 1024}, MemoryKind::CUDA_IPC, 1)},
+                   {make_tensor_ref(0, DType::INVALID, begin, 8192, {}, MemoryKind::CUDA_IPC, 1)});
+    uint32_t rows = 0;
+    char err[SHMS_ERROR_BYTES] = {0};
+    int rc = shms_validate_request(&r, &m, begin, end, &rows, err, sizeof err);
+    *error = err;
+    return rc;
+  };
+  std::string error;
+  CHECK(validate(end - record, &error) == SHMS_OK, "a record in the arena's last 192 bytes: ", error);
+  CHECK(validate(end - 128, &error) == SHMS_ERR_BAD_DESCRIPTOR &&
+            error == "model 'gpu_identity': input 'INPUT0' CUDA IPC record [196480, +160) is outside the caller's arena",
+        "a record running past the arena's end: ", error);
+  m.device_memory = 0;
+  CHECK(validate(end - 128, &error) == SHMS_ERR_INVALID_ARG &&
+            error == "model 'gpu_identity': input 'INPUT0' is in memory kind 1 device 1; "
+                     "it takes kind 0 (arena, device 0); 1 needs KIND_GPU pytorch",
+        "kind 1 to a model without device memory: ", error);
+}
+
 }  // namespace
 
 void test_vectors(const std::string &path) {
@@ -135,6 +208,8 @@ void test_vectors(const std::string &path) {
   rs.sequence_id_bytes = 5;  // "seq-7"
   shms_slot_submit(slot.get(), 1);
   CHECK(hex(&slot->request, sizeof slot->request) == want("request_string_id"), "request_string_id differs");
+
+  check_device_memory(*vectors);
 
   uint64_t claim = shms_claim_word(3, 4097);
   CHECK(hex(&claim, 8) == want("claim_word"), "claim word ", hex(&claim, 8));

@@ -2,6 +2,7 @@
 // descriptors a request carries (shms_tensor_ref, shms_request of shmserve.h).
 #pragma once
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -52,9 +53,13 @@ inline std::vector<std::string> decode_bytes(const void *data, uint64_t nbytes, 
   return out;
 }
 
-/// A shms_tensor_ref of host-arena memory, every byte defined (unused dims 0).
+/// A shms_tensor_ref, every byte defined (unused dims 0). Host arena (kind 0): offset
+/// and nbytes are the data's. Device memory (kind CUDA_IPC): offset is the tensor's
+/// shms_cuda_ipc record in the arena, nbytes the tensor's size (an output: its device
+/// buffer's capacity), device_id the caller's GPU ordinal (docs/protocol.md 4.6, 7a).
 inline shms_tensor_ref make_tensor_ref(uint32_t index, DType dtype, uint64_t offset, uint64_t nbytes,
-                                       const std::vector<int64_t> &shape) {
+                                       const std::vector<int64_t> &shape,
+                                       MemoryKind kind = MemoryKind::HOST_ARENA, uint16_t device_id = 0) {
   shms_tensor_ref t;
   std::memset(&t, 0, sizeof t);
   if (shape.size() > SHMS_MAX_DIMS)
@@ -63,12 +68,43 @@ inline shms_tensor_ref make_tensor_ref(uint32_t index, DType dtype, uint64_t off
   t.index = index;
   t.dtype = static_cast<uint32_t>(dtype);
   t.ndim = static_cast<uint32_t>(shape.size());
-  t.memory_kind = static_cast<uint16_t>(MemoryKind::HOST_ARENA);
-  t.device_id = 0;
+  t.memory_kind = static_cast<uint16_t>(kind);
+  t.device_id = device_id;
   t.offset = offset;
   t.nbytes = nbytes;
   for (size_t d = 0; d < shape.size(); d++) t.shape[d] = shape[d];
   return t;
+}
+
+/// A CUDA IPC memory or event handle (cudaIpcMemHandle_t / CUipcMemHandle, 64 bytes).
+using IpcHandle = std::array<uint8_t, sizeof(shms_cuda_ipc::mem_handle)>;
+/// A GPU's UUID (cudaDeviceProp::uuid, cuDeviceGetUuid: 16 bytes).
+using DeviceUuid = std::array<uint8_t, sizeof(shms_cuda_ipc::device_uuid)>;
+
+/// The bytes of a driver or runtime handle as the protocol carries them:
+/// raw_bytes<IpcHandle>(cudaIpcMemHandle_t), raw_bytes<DeviceUuid>(cudaUUID_t).
+template <class Bytes, class T> Bytes raw_bytes(const T &value) {
+  static_assert(sizeof(T) == std::tuple_size<Bytes>::value, "a handle of another size");
+  Bytes out;
+  std::memcpy(out.data(), &value, out.size());
+  return out;
+}
+
+/// The shms_cuda_ipc record of a tensor in device memory (docs/protocol.md 4.7), every
+/// byte defined: an input's event (flags EVENT) when `event` is given; an output's
+/// record never has one (the server synchronises before DONE).
+inline shms_cuda_ipc make_cuda_ipc_record(const IpcHandle &mem_handle, uint64_t offset, const DeviceUuid &device_uuid,
+                                          const IpcHandle *event = nullptr) {
+  shms_cuda_ipc r;
+  std::memset(&r, 0, sizeof r);
+  std::memcpy(r.mem_handle, mem_handle.data(), sizeof r.mem_handle);
+  if (event) {
+    std::memcpy(r.event_handle, event->data(), sizeof r.event_handle);
+    r.flags = SHMS_CUDA_IPC_EVENT;
+  }
+  r.offset = offset;
+  std::memcpy(r.device_uuid, device_uuid.data(), sizeof r.device_uuid);
+  return r;
 }
 
 /// Fills the request that shms_slot_begin returned (the caller owns the slot);

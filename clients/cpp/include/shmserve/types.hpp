@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <variant>
 
 #include <msgpack.hpp>
@@ -38,6 +39,47 @@ class Tensor {
   uint64_t nbytes_ = 0;
 };
 
+// ------------------------------------------------------------------ device memory
+// Tensors in the caller's GPU memory travel by CUDA IPC (docs/protocol.md 4.7, 7a):
+// the server maps the caller's allocation and computes on it in place. This client
+// does not link CUDA: the caller exports the allocation and hands over the record's
+// fields. Only models whose instances all read device memory take them (KIND_GPU
+// pytorch models); any other refuses them, INVALID_ARG naming the tensor.
+
+/// Where a tensor lives in device memory, as its CUDA IPC record names it.
+struct DeviceMemory {
+  IpcHandle mem_handle{};    // cudaIpcGetMemHandle / cuIpcGetMemHandle of the allocation's base
+  uint64_t offset = 0;       // the tensor's first byte, from that base (cuMemGetAddressRange)
+  DeviceUuid device_uuid{};  // cudaDeviceProp::uuid / cuDeviceGetUuid of its GPU
+  uint16_t device = 0;       // the caller's ordinal of that GPU (the server's messages name it)
+};
+
+/// An input in device memory: contiguous, C order, a fixed-size type. event: the
+/// handle of an interprocess event (cudaEventInterprocess | cudaEventDisableTiming)
+/// recorded after the caller's last write of the tensor; the server's stream waits
+/// for it. Without one the caller's writes must be complete when it submits. The
+/// caller keeps the tensor allocated and unchanged, and does not record the event
+/// again, until the request's answer.
+struct DeviceTensor : DeviceMemory {
+  DType dtype = DType::INVALID;
+  std::vector<int64_t> shape;
+  std::optional<IpcHandle> event;
+  /// Bytes of the tensor: product(shape) x element bytes (BYTES: InvalidArgumentError).
+  uint64_t nbytes(const std::string &what) const {
+    if (dtype_size(dtype) == 0)
+      throw InvalidArgumentError(what + ": a device tensor holds a fixed-size type, not " + dtype_name(dtype));
+    return element_count(shape) * dtype_size(dtype);
+  }
+};
+
+/// A device buffer an output is written into (RequestOptions::device_outputs), up to
+/// capacity bytes from `offset`. The server waits for no event before writing it: the
+/// caller's work that still uses the buffer must be complete when it submits, or be
+/// ordered before an input's event. It is written once the answer is in.
+struct DeviceBuffer : DeviceMemory {
+  uint64_t capacity = 0;
+};
+
 /// A request parameter's value (Triton's request parameters: bool, int, double, string).
 using Parameter = std::variant<bool, int64_t, double, std::string>;
 
@@ -54,6 +96,10 @@ struct RequestOptions {
   uint64_t sequence_id = 0;
   std::string sequence_id_str;
   bool sequence_start = false, sequence_end = false;
+  /// Outputs, by name, that the server writes into the caller's device buffers instead
+  /// of this client's arena (each must be among the outputs asked for). A buffer that
+  /// is too small fails the request, OUTPUT_TOO_SMALL (a device buffer cannot grow).
+  std::map<std::string, DeviceBuffer> device_outputs;
 };
 
 /// The msgpack map the protocol carries (docs/protocol.md, 4.5); empty for none.
@@ -73,8 +119,9 @@ inline std::string encode_parameters(const std::map<std::string, Parameter> &par
   return std::string(buf.data(), buf.size());
 }
 
-/// One input by name: either a Tensor of the arena (zero-copy) or caller memory,
-/// copied into the arena at submit (the caller may reuse it once submit returns).
+/// One input by name: a Tensor of the arena (zero-copy), caller memory, copied into
+/// the arena at submit (the caller may reuse it once submit returns), or a tensor in
+/// the caller's device memory (DeviceTensor: sent by CUDA IPC, never copied).
 struct Input {
   std::string name;
   DType dtype = DType::INVALID;
@@ -82,6 +129,11 @@ struct Input {
   const void *data = nullptr;
   uint64_t nbytes = 0;
   std::shared_ptr<detail::Block> block;  // set: zero-copy
+  std::optional<DeviceTensor> device;    // set: in device memory
+
+  Input(std::string n, DeviceTensor t)
+      : name(std::move(n)), dtype(t.dtype), shape(t.shape), nbytes(t.nbytes("input '" + name + "'")),
+        device(std::move(t)) {}
 
   Input(std::string n, const Tensor &t)
       : name(std::move(n)), dtype(t.dtype_), shape(t.shape_), nbytes(t.nbytes_), block(t.block_) {}
@@ -93,7 +145,9 @@ struct Input {
         nbytes(v.size() * sizeof(T)) {}
 };
 
-/// One output: a read-only view of shared memory, valid while its Result lives.
+/// One output: a read-only view of shared memory, valid while its Result lives; or,
+/// for an output written into the caller's device buffer (on_device()), its dtype,
+/// shape and the bytes written there (data is null: the bytes are in that buffer).
 struct Output {
   std::string name;
   uint32_t index = 0;
@@ -101,10 +155,21 @@ struct Output {
   std::vector<int64_t> shape;
   const void *data = nullptr;
   uint64_t nbytes = 0;
-  template <class T> const T *as() const { return static_cast<const T *>(data); }
-  std::string_view bytes() const { return {static_cast<const char *>(data), nbytes}; }
+  MemoryKind memory_kind = MemoryKind::HOST_ARENA;
+  uint16_t device_id = 0;  // on_device(): the caller's GPU ordinal it gave for the buffer
+  bool on_device() const { return memory_kind != MemoryKind::HOST_ARENA; }
+  template <class T> const T *as() const { return static_cast<const T *>(host()); }
+  std::string_view bytes() const { return {static_cast<const char *>(host()), nbytes}; }
   std::vector<std::string> strings() const {  // BYTES outputs
-    return decode_bytes(data, nbytes, element_count(shape));
+    return decode_bytes(host(), nbytes, element_count(shape));
+  }
+
+ private:
+  const void *host() const {
+    if (on_device())
+      throw InvalidArgumentError("output '" + name + "' was written into the caller's device buffer; "
+                                 "it has no view in the arena");
+    return data;
   }
 };
 

@@ -1,5 +1,5 @@
 // shmserve C++ client: the control-socket codec (docs/protocol.md section 2), protocol
-// version SHMS_PROTOCOL_VERSION (3).
+// version SHMS_PROTOCOL_VERSION (4).
 //
 // A frame is a big-endian u32 length, then one msgpack map. Requests carry "op";
 // replies carry "ok" and either the answer's fields or "code", "error" and "type".

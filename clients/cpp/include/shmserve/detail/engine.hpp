@@ -28,6 +28,15 @@ namespace detail {
 
 constexpr int64_t kWaitSliceNs = 50'000'000;  // between liveness checks of the server
 
+/// An output a request asks for (model output index): into this client's arena, or
+/// (device) into the caller's device buffer of device_capacity bytes.
+struct OutputWant {
+  uint32_t index = 0;
+  bool device = false;
+  uint64_t device_capacity = 0;
+  uint16_t device_id = 0;
+};
+
 /// One request from submit to answer. A front sets model, rows, in_bytes, then (after
 /// Engine::reserve) in_refs and keep; the engine the rest. Once sent, the fields from
 /// `retried` on (and out_refs, out_block, keep) are guarded by Engine::mu.
@@ -223,18 +232,24 @@ class Engine : public std::enable_shared_from_this<Engine> {
   }
 
   /// Allocates one block: staging_bytes for inputs the front copies in (at c.staging),
-  /// then a buffer for each wanted output (model output indices). The front then sets
-  /// c.in_refs (and c.keep for memory of its own) and calls send().
-  void reserve(Call &c, const std::vector<uint32_t> &outputs, uint64_t staging_bytes) {
+  /// then a buffer for each wanted output, or for an output into the caller's device
+  /// memory the place of its shms_cuda_ipc record, which the front writes. The front
+  /// then sets c.in_refs (and c.keep for memory of its own) and calls send().
+  void reserve(Call &c, const std::vector<OutputWant> &outputs, uint64_t staging_bytes) {
     std::vector<uint64_t> caps;
     uint64_t out_bytes = 0;
-    for (uint32_t k : outputs) caps.push_back(capacity(c, k)), out_bytes += align64(caps.back());
+    for (const OutputWant &w : outputs) {
+      caps.push_back(w.device ? w.device_capacity : capacity(c, w.index));
+      out_bytes += align64(w.device ? sizeof(shms_cuda_ipc) : caps.back());
+    }
     auto block = allocate(staging_bytes + out_bytes, "request to model '" + c.model->name + "'");
     c.staging = block->offset;
     uint64_t at = block->offset + staging_bytes;
     for (size_t k = 0; k < outputs.size(); k++) {
-      c.out_refs.push_back(make_tensor_ref(outputs[k], DType::INVALID, at, caps[k], {}));
-      at += align64(caps[k]);
+      const OutputWant &w = outputs[k];
+      c.out_refs.push_back(make_tensor_ref(w.index, DType::INVALID, at, caps[k], {},
+                                           w.device ? MemoryKind::CUDA_IPC : MemoryKind::HOST_ARENA, w.device_id));
+      at += align64(w.device ? sizeof(shms_cuda_ipc) : caps[k]);
     }
     c.keep.push_back(block);
     c.out_block = std::move(block);
@@ -311,7 +326,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
       // handles"): the next request resolves the name again.
       if (c.status == SHMS_ERR_UNAVAILABLE && c.error.find("stale model id") != std::string::npos)
         forget(c.model->name);
-      throw_status(c.status, c.error);
+      throw_status(c.status, c.error + too_small(c));
     }
     check_results(c, c.results);
   }
@@ -373,16 +388,36 @@ class Engine : public std::enable_shared_from_this<Engine> {
     }
   }
 
-  /// Checks that every result lies in the buffer the call gave for it.
+  /// OUTPUT_TOO_SMALL not resent (a caller's device buffer cannot grow): what each
+  /// output needs, against what its buffer holds.
+  static std::string too_small(const Call &c) {
+    std::string out;
+    if (c.status != SHMS_ERR_OUTPUT_TOO_SMALL) return out;
+    for (size_t k = 0; k < c.results.size() && k < c.out_refs.size(); k++) {
+      const shms_tensor_ref &got = c.results[k], &want = c.out_refs[k];
+      if (got.nbytes <= want.nbytes || want.index >= c.model->outputs.size()) continue;
+      out += "; output '" + c.model->outputs[want.index].name + "' needs " + std::to_string(got.nbytes) +
+             " bytes, its " + (want.memory_kind ? "device buffer" : "buffer") + " holds " + std::to_string(want.nbytes);
+    }
+    return out;
+  }
+
+  /// Checks that every result lies in the buffer the call gave for it: in the arena,
+  /// or, for an output into the caller's device memory, within that buffer's capacity
+  /// (its shape's bytes included; the record stays where it was).
   void check_results(const Call &c, const std::vector<shms_tensor_ref> &results) {
     const uint64_t begin = c.out_block->offset, end = begin + align64(c.out_block->nbytes);
     for (size_t k = 0; k < results.size(); k++) {
       const shms_tensor_ref &t = results[k];
       const shms_tensor_ref &want = c.out_refs[k];
-      if (t.index != want.index || t.offset != want.offset || t.nbytes > want.nbytes || t.offset < begin ||
-          t.offset + t.nbytes > end || t.ndim > SHMS_MAX_DIMS || t.dtype == SHMS_TYPE_INVALID ||
-          t.dtype >= SHMS_TYPE_COUNT || t.memory_kind != SHMS_MEMORY_HOST_ARENA ||
-          t.index >= c.model->outputs.size())
+      const bool device = want.memory_kind == SHMS_MEMORY_CUDA_IPC;
+      const bool placed =
+          device ? t.device_id == want.device_id && t.ndim <= SHMS_MAX_DIMS &&
+                       shms_tensor_bytes(t.dtype, t.ndim, t.shape) <= want.nbytes
+                 : t.offset >= begin && t.offset + t.nbytes <= end;
+      if (t.index != want.index || t.offset != want.offset || t.nbytes > want.nbytes || !placed ||
+          t.ndim > SHMS_MAX_DIMS || t.dtype == SHMS_TYPE_INVALID || t.dtype >= SHMS_TYPE_COUNT ||
+          t.memory_kind != want.memory_kind || t.index >= c.model->outputs.size())
         throw ProtocolError("model '" + c.model->name + "': server answered with an output outside the buffers it was given");
     }
   }
@@ -493,6 +528,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// size the server asked for. False if that cannot be done (the caller gets the error).
   bool resend_locked(Call &c) {
     if (c.results.size() != c.out_refs.size()) return false;
+    for (const auto &ref : c.out_refs)  // a caller's device buffer cannot grow
+      if (ref.memory_kind != SHMS_MEMORY_HOST_ARENA) return false;
     uint64_t total = 0;
     std::vector<uint64_t> caps;
     for (size_t k = 0; k < c.out_refs.size(); k++) {

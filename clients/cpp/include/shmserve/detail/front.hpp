@@ -9,6 +9,9 @@ namespace shmserve {
 namespace detail {
 
 struct Front {
+  /// Arena bytes of a device tensor's shms_cuda_ipc record (64-aligned, as tensor data).
+  static uint64_t record_bytes() { return align64(sizeof(shms_cuda_ipc)); }
+
   /// Resolves names against the model, copies the inputs that are not in this lease's
   /// arena into it (one block with the output buffers), and sends the request.
   static std::shared_ptr<Call> submit(Engine &e, const std::string &model_name, const std::vector<Input> &inputs,
@@ -45,7 +48,9 @@ struct Front {
       if (in.shape.size() > SHMS_MAX_DIMS)
         throw InvalidArgumentError("model '" + m.name + "' input '" + in.name + "' has more than " +
                                    std::to_string(SHMS_MAX_DIMS) + " dimensions");
-      if (!in_arena(e, in)) {
+      if (in.device) {
+        copy_bytes += record_bytes();  // its CUDA IPC record, in place of its bytes
+      } else if (!in_arena(e, in)) {
         if (!in.data && in.nbytes) throw InvalidArgumentError("input '" + in.name + "' has no data");
         copy_bytes += align64(in.nbytes);
       }
@@ -53,15 +58,24 @@ struct Front {
     }
     if (m.batched() && !inputs.empty() && !inputs[0].shape.empty() && inputs[0].shape[0] > 0)
       call->rows = static_cast<uint64_t>(inputs[0].shape[0]);
-    std::vector<uint32_t> want;
+    std::vector<OutputWant> want;
     if (outputs.empty()) {
-      for (uint32_t k = 0; k < m.outputs.size(); k++) want.push_back(k);
+      for (uint32_t k = 0; k < m.outputs.size(); k++) want.push_back({k});
     } else {
       for (const auto &name : outputs) {
         int k = m.output_index(name);
         if (k < 0) throw InvalidArgumentError("model '" + m.name + "' has no output '" + name + "'");
-        want.push_back(static_cast<uint32_t>(k));
+        want.push_back({static_cast<uint32_t>(k)});
       }
+    }
+    for (const auto &[name, buf] : options.device_outputs) {
+      auto w = std::find_if(want.begin(), want.end(), [&](const OutputWant &o) { return m.outputs[o.index].name == name; });
+      if (w == want.end())
+        throw InvalidArgumentError("model '" + m.name + "' output '" + name + "' has a device buffer but is " +
+                                   (m.output_index(name) < 0 ? "not an output of the model" : "not asked for"));
+      w->device = true;
+      w->device_capacity = buf.capacity;
+      w->device_id = buf.device;
     }
     // The packed parameters, then a string correlation id, go into the staging area
     // after the copied inputs.
@@ -71,6 +85,15 @@ struct Front {
     for (size_t i = 0; i < inputs.size(); i++) {
       const Input &in = inputs[i];
       uint64_t off = at;
+      if (in.device) {  // the record (the caller's tensor stays where it is)
+        const DeviceTensor &d = *in.device;
+        shms_cuda_ipc record = make_cuda_ipc_record(d.mem_handle, d.offset, d.device_uuid, d.event ? &*d.event : nullptr);
+        std::memcpy(e.arena_at(off), &record, sizeof record);
+        call->in_refs.push_back(
+            make_tensor_ref(index[i], in.dtype, off, in.nbytes, in.shape, MemoryKind::CUDA_IPC, d.device));
+        at += record_bytes();
+        continue;
+      }
       if (in_arena(e, in)) {
         off = in.block->offset;
         call->keep.push_back(in.block);
@@ -79,6 +102,12 @@ struct Front {
         at += align64(in.nbytes);
       }
       call->in_refs.push_back(make_tensor_ref(index[i], in.dtype, off, in.nbytes, in.shape));
+    }
+    for (const shms_tensor_ref &ref : call->out_refs) {  // device buffers' records (no event)
+      if (ref.memory_kind != SHMS_MEMORY_CUDA_IPC) continue;
+      const DeviceBuffer &d = options.device_outputs.at(m.outputs[ref.index].name);
+      shms_cuda_ipc record = make_cuda_ipc_record(d.mem_handle, d.offset, d.device_uuid);
+      std::memcpy(e.arena_at(ref.offset), &record, sizeof record);
     }
     if (!params.empty()) {
       std::memcpy(e.arena_at(at), params.data(), params.size());
@@ -110,7 +139,9 @@ struct Front {
       o.name = c.model->outputs.at(t.index).name;
       o.dtype = static_cast<DType>(t.dtype);
       o.shape.assign(t.shape, t.shape + t.ndim);
-      o.data = e.arena_at(t.offset);
+      o.memory_kind = static_cast<MemoryKind>(t.memory_kind);
+      o.device_id = t.device_id;
+      o.data = o.on_device() ? nullptr : e.arena_at(t.offset);  // on the device: in the caller's buffer
       o.nbytes = t.nbytes;
       r.outputs_.push_back(std::move(o));
     }
