@@ -476,10 +476,14 @@ class Engine:
         slot_off = self._slots_offset + slot * P.SLOT_BYTES
         try:
             records = getattr(req, "device_records", None)
-            if records:  # the inputs' event, recorded now on their streams, for this slot
-                event = self._device_events().record(slot, [src for _, src in records])
+            outputs = [src for src, _ in (getattr(req, "destinations", None) or {}).values()]
+            if records:  # the inputs' event, recorded now on their streams (and the
+                # output buffers' streams: the server writes them after that wait)
+                event = self._device_events().record(slot, [src for _, src in records] + outputs)
                 for offset, src in records:
                     self._ops.put(offset, src.record(event))
+            elif outputs:  # no input event to order them: their pending work finishes first
+                self._device_events().settle(outputs)
             if req.options is None:
                 self._ops.write_request(slot_off, gen, req.plan.id, req.sources_refs, req.outputs)
             else:

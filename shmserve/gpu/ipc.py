@@ -130,6 +130,13 @@ class SlotEvents:
         D.event_record(event, last)
         return handle
 
+    @staticmethod
+    def settle(sources: list[DeviceSource]) -> None:
+        """Output buffers of a request without device inputs: the work their streams
+        have queued (which may still use them) finishes before the server writes them."""
+        for stream in {s.stream for s in sources if s.stream is not None}:
+            D.stream_synchronize(stream)
+
     def close(self) -> None:
         for event, _ in self._events.values():
             try:

@@ -832,9 +832,10 @@ class Worker:
                     result = self.scatter_to_device(req, ref, spec, part)
                 except BatchError as e:  # this caller's record: its request alone fails
                     return e.status, str(e), []
-                if result is None:
+                if result is None:  # answered in kind, as its output was given
                     too_small.append(spec.name)
-                    result = (index, spec.dtype, offset, part.nbytes, tuple(part.shape))
+                    result = _core.TensorRef((index, spec.dtype, offset, part.nbytes,
+                                              tuple(part.shape), ref.memory_kind, ref.device_id))
                 results.append(result)
                 continue
             if spec.dtype == BYTES:
