@@ -38,7 +38,7 @@ from ..errors import ConfigError, UnavailableError
 from ..pb_utils import bls, logger
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
-from ..pb_utils.messages import received
+from ..pb_utils.messages import received, received_with_streams, response_arrays
 from ..protocol import Status
 from ..server import devices
 from . import Instance
@@ -142,18 +142,10 @@ class Backend:
         if type(responses) is not list and not isinstance(responses, (list, tuple)) or \
                 len(responses) != len(reqs):
             return [(Status.INTERNAL, self._not_one_each(responses, len(reqs)))] * len(reqs)
-        results = []
-        for response in responses:  # the common case in a few type checks, no calls
-            if type(response) is _InferenceResponse and response._error is None:
-                outputs = {}
-                for t in response._outputs:
-                    if type(t) is not _Tensor:
-                        break
-                    outputs[t._name] = t._array
-                else:
-                    results.append(outputs)
-                    continue
-            results.append(self._refused(len(results), response))
+        results = response_arrays(responses)  # None where a response has no arrays
+        if None in results:
+            results = [self._refused(i, response) if arrays is None else arrays
+                       for i, (arrays, response) in enumerate(zip(results, responses))]
         return results
 
     def _not_one_each(self, responses, n: int) -> str:
@@ -171,7 +163,7 @@ class Backend:
         """A decoupled model's execute (server/stream.py): requests as
         execute_requests's, each with its ResponseStream last; the model sends through
         request.get_response_sender(). Returns what execute() returned (None)."""
-        reqs = received([r[:3] for r in requests], [r[3] for r in requests])
+        reqs = received_with_streams(requests)
         if self._loop is not None:
             return self._loop.run_until_complete(self.model.execute(reqs))
         return self.model.execute(reqs)
