@@ -66,7 +66,7 @@ def setup(case: str):
         numpy_model = backend_of((ROOT / "model_repository/identity/1/model.py").read_text())
         return lambda: numpy_model.execute(inputs)
     pb_model = backend_of(IDENTITY_PB_CODE)
-    lone = [(inputs.items(), names, {})]
+    lone = [(inputs, names, {})]  # as the worker passes a lone request
     if case == "pb_utils":
         return lambda: pb_model.execute_requests(lone)
     if case == "requests built":

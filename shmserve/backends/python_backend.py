@@ -131,19 +131,18 @@ class Backend:
 
     # -- Triton's API: a list of requests, a response each ------------------------------------
     def execute_requests(self, requests) -> list:
-        """requests: per request, (its inputs as (name, array view) pairs, its requested
-        output names, its parameters dict). Returns per request {output name: array}, or
-        (status, message) for an error."""
+        """requests: per request, (its inputs as {name: array view} or (name, array view)
+        pairs, its requested output names, its parameters dict). Returns per request
+        {output name: array}, or (status, message) for an error."""
         reqs = received(requests)
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:
             responses = self.model.execute(reqs)
-        if type(responses) is not list and not isinstance(responses, (list, tuple)) or \
-                len(responses) != len(reqs):
+        results = response_arrays(responses, len(reqs))  # per response its arrays, or None
+        if results is None:  # not a list (or tuple) of one response per request
             return [(Status.INTERNAL, self._not_one_each(responses, len(reqs)))] * len(reqs)
-        results = response_arrays(responses)  # None where a response has no arrays
-        if None in results:
+        if None in results:  # an error, or not a response: the request hears which
             results = [self._refused(i, response) if arrays is None else arrays
                        for i, (arrays, response) in enumerate(zip(results, responses))]
         return results

@@ -343,26 +343,36 @@ static PyType_Slot request_slots[] = {
     {Py_tp_members, request_members},
     {0, NULL}};
 
-/* One received request: inputs an iterable of (name, array view) pairs, requested its
- * requested output names, parameters its parameters dict. */
+/* by_name[name] = a Tensor of (name, array), unchecked. */
+static int add_input(PyObject *by_name, PyObject *name, PyObject *array) {
+  PyObject *t = tensor_of(tensor_type, Py_NewRef(name), Py_NewRef(array));
+  int err = !t || PyDict_SetItem(by_name, name, t) < 0;
+  Py_XDECREF(t);
+  return err ? -1 : 0;
+}
+
+/* One received request: inputs {name: array view} or an iterable of (name, array view)
+ * pairs, requested its requested output names, parameters its parameters dict. */
 static PyObject *request_received(PyObject *inputs, PyObject *requested, PyObject *parameters) {
-  PyObject *by_name = PyDict_New(), *it = by_name ? PyObject_GetIter(inputs) : NULL, *pair;
-  if (!it) goto fail;
-  while ((pair = PyIter_Next(it))) {
-    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
-      PyErr_SetString(PyExc_TypeError, "pb_received: an input is not a (name, array) pair");
+  PyObject *by_name = PyDict_New(), *it = NULL, *name, *array, *pair;
+  if (!by_name) return NULL;
+  if (PyDict_CheckExact(inputs)) {
+    for (Py_ssize_t pos = 0; PyDict_Next(inputs, &pos, &name, &array);)
+      if (add_input(by_name, name, array) < 0) goto fail;
+  } else {
+    if (!(it = PyObject_GetIter(inputs))) goto fail;
+    while ((pair = PyIter_Next(it))) {
+      int err = !PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2;
+      if (err)
+        PyErr_SetString(PyExc_TypeError, "pb_received: an input is not a (name, array) pair");
+      else
+        err = add_input(by_name, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1));
       Py_DECREF(pair);
-      goto fail;
+      if (err) goto fail;
     }
-    PyObject *name = PyTuple_GET_ITEM(pair, 0);
-    PyObject *t = tensor_of(tensor_type, Py_NewRef(name), Py_NewRef(PyTuple_GET_ITEM(pair, 1)));
-    int err = !t || PyDict_SetItem(by_name, name, t) < 0;
-    Py_XDECREF(t);
-    Py_DECREF(pair);
-    if (err) goto fail;
+    if (PyErr_Occurred()) goto fail;
+    Py_CLEAR(it);
   }
-  if (PyErr_Occurred()) goto fail;
-  Py_DECREF(it);
   PbRequest *r = PyObject_GC_New(PbRequest, request_type);
   if (!r) {
     Py_DECREF(by_name);
@@ -468,17 +478,23 @@ static PyObject *response_arrays(PyObject *response) {
   return out;
 }
 
-static PyObject *f_response_arrays(PyObject *m, PyObject *responses) {
-  PyObject *seq = PySequence_Fast(responses, "pb_response_arrays: responses must be a sequence");
-  if (!seq) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+static PyObject *f_response_arrays(PyObject *m, PyObject *const *args, Py_ssize_t nargs) {
+  Py_ssize_t n;
+  if (nargs != 2 || (n = PyLong_AsSsize_t(args[1])) < 0) {
+    if (!PyErr_Occurred())
+      PyErr_SetString(PyExc_TypeError, "pb_response_arrays(responses, n) takes 2 arguments");
+    return NULL;
+  }
+  PyObject *responses = args[0];
+  if (!(PyList_Check(responses) || PyTuple_Check(responses)) ||
+      PySequence_Fast_GET_SIZE(responses) != n)
+    Py_RETURN_NONE;
   PyObject *out = PyList_New(n);
   for (Py_ssize_t i = 0; out && i < n; i++) {
-    PyObject *arrays = response_arrays(PySequence_Fast_GET_ITEM(seq, i));
+    PyObject *arrays = response_arrays(PySequence_Fast_GET_ITEM(responses, i));
     if (!arrays) Py_CLEAR(out);
     else PyList_SET_ITEM(out, i, arrays);
   }
-  Py_DECREF(seq);
   return out;
 }
 
@@ -533,14 +549,15 @@ PyMethodDef shms_py_pb_methods[] = {
     {"pb_response_type", f_response_type, METH_O,
      "pb_utils.InferenceResponse, made from the class of its Python methods."},
     {"pb_received", f_received, METH_O,
-     "The InferenceRequests of [(inputs as (name, array) pairs, requested output names, "
-     "parameters dict)...]: tensors and requests built as they are, unchecked."},
+     "The InferenceRequests of [(inputs as {name: array} or (name, array) pairs, requested "
+     "output names, parameters dict)...]: tensors and requests built as they are, unchecked."},
     {"pb_get_input_tensor_by_name", (PyCFunction)(void (*)(void))f_get_input_tensor_by_name,
      METH_FASTCALL, "get_input_tensor_by_name(inference_request, name): the request's input "
                     "Tensor called `name`, or None."},
-    {"pb_response_arrays", f_response_arrays, METH_O,
-     "Per response, {output name: array}, or None for one that is not an InferenceResponse "
-     "without error holding only Tensors."},
+    {"pb_response_arrays", (PyCFunction)(void (*)(void))f_response_arrays, METH_FASTCALL,
+     "pb_response_arrays(responses, n): per response, {output name: array}, or None for one "
+     "that is not an InferenceResponse without error holding only Tensors; None if "
+     "responses is not a list or tuple of n."},
     {NULL}};
 
 int shms_py_pb_ready(void) {

@@ -162,8 +162,8 @@ class _InferenceRequestMethods:
 
 InferenceRequest = _core.pb_request_type(_InferenceRequestMethods)
 
-# The requests execute() receives, from the backend's (input (name, array) pairs,
-# requested output names, parameters dict) per request: no checks (the batcher
+# The requests execute() receives, from the backend's (inputs as {name: array} or
+# (name, array) pairs, requested output names, parameters dict) per request: no checks (the batcher
 # validated them), a Tensor per input.
 received = _core.pb_received
 
@@ -277,8 +277,9 @@ class _InferenceResponseMethods:
 
 InferenceResponse = _core.pb_response_type(_InferenceResponseMethods)
 
-# Per response, {output name: array} of one without error holding only Tensors, None
-# for any other (the backend says why).
+# response_arrays(responses, n): per response, {output name: array} of one without
+# error holding only Tensors, None for any other (the backend says why); None if
+# responses is not a list or tuple of n.
 response_arrays = _core.pb_response_arrays
 
 # get_input_tensor_by_name(inference_request, name): the request's input Tensor called
