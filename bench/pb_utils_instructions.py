@@ -108,7 +108,8 @@ def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "--inner":
         run_case(sys.argv[2], int(sys.argv[3]))
         return 0
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--short", type=int, default=1000)
     p.add_argument("--long", type=int, default=11000)
@@ -116,7 +117,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="pb-utils-cg-") as tmp:
         print(f"| case | instructions per call |\n|---|---:|")
         for case in args.cases:
-            per = (instructions(case, args.long, Path(tmp)) - instructions(case, args.short, Path(tmp)))
+            per = (instructions(case, args.long, Path(tmp))
+                   - instructions(case, args.short, Path(tmp)))
             print(f"| {case} | {per / (args.long - args.short):.0f} |", flush=True)
     return 0
 

@@ -515,7 +515,8 @@ static PyObject *make_type(PyType_Spec *spec, PyObject *methods, PyTypeObject **
   return type;
 }
 
-#define FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE)
+#define FLAGS \
+  (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE)
 
 static PyType_Spec tensor_spec = {"shmserve.pb_utils.Tensor", sizeof(PbTensor), 0, FLAGS,
                                   tensor_slots};
