@@ -791,6 +791,63 @@ def test_responses_and_errors():
     assert answer.has_error() and "only a model served by shmserve" in answer.error().message()
 
 
+def test_c_types_keep_the_python_api():
+    """Tensor, InferenceRequest and InferenceResponse are C types (csrc/pb_types.c):
+    arguments by position or keyword, subclasses, references all given back."""
+    import sys
+
+    from shmserve.pb_utils.messages import received, response_arrays
+    x = np.zeros((1, 3), np.float32)
+    t = pb_utils.Tensor(numpy_array=x, name="X")
+    assert t.name() == "X" and t.as_numpy() is x
+    assert repr(t) == "pb_utils.Tensor('X', float32[1, 3])"
+    assert pb_utils.Tensor("L", [1, 2]).as_numpy().dtype == np.int64  # converted, as np.asarray
+    for args, kwargs, message in [(("X",), {}, "missing required argument 'numpy_array'"),
+                                  (("X", x, 1), {}, "takes at most 2 arguments"),
+                                  (("X", x), {"name": "Y"}, "multiple values for argument 'name'"),
+                                  (("X", x), {"dims": [1]}, "unexpected keyword argument 'dims'")]:
+        with pytest.raises(TypeError, match=message):
+            pb_utils.Tensor(*args, **kwargs)
+    with pytest.raises(pb_utils.TritonModelException, match="name must be a str, got int"):
+        pb_utils.Tensor(3, x)
+    with pytest.raises(TypeError):
+        pb_utils.Tensor.shape = None  # an immutable type
+    assert pb_utils.InferenceResponse((t,)).output_tensors() == [t]  # a tuple becomes a list
+    assert pb_utils.InferenceResponse().output_tensors() == []
+
+    class Named(pb_utils.Tensor):
+        pass
+
+    named = Named("N", x)
+    assert type(named) is Named and named.name() == "N" and named.shape() == [1, 3]
+    # a lone request as the worker passes it ({name: array}); a batch's as pairs
+    requests = received([({"IN": x}, ("OUT",), {}), ([("IN", x)], ["OUT"], {"p": 1})])
+    assert [type(r) for r in requests] == [pb_utils.InferenceRequest] * 2
+    assert pb_utils.get_input_tensor_by_name(requests[1], "IN").as_numpy() is x
+    assert requests[1].parameters() == '{"p": 1}'
+    assert requests[0].requested_output_names() == ["OUT"]
+
+    class Duck:  # any object with inputs(), as Triton's helper accepts
+        def inputs(self):
+            return [t]
+
+    assert pb_utils.get_input_tensor_by_name(Duck(), "X") is t
+    assert pb_utils.get_input_tensor_by_name(Duck(), "Y") is None
+    ok = pb_utils.InferenceResponse([t])
+    failed = pb_utils.InferenceResponse(error=pb_utils.TritonError("no"))
+    assert response_arrays([ok, failed, named, pb_utils.InferenceResponse([named])], 4) == \
+        [{"X": x}, None, None, None]  # only an exact Tensor is unpacked, the rest explained
+    assert response_arrays([ok], 2) is None and response_arrays({"X": x}, 1) is None
+    before = sys.getrefcount(x)
+    for _ in range(1000):
+        (r,) = received([({"IN": x}, ("OUT",), {})])
+        response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+        assert response_arrays([response], 1) == [{"OUT": x}]
+    del r, response
+    assert sys.getrefcount(x) == before
+
+
 def test_config_json_as_triton_writes_it():
     cfg = text_format.Parse('name: "m" max_batch_size: 8 input [ { name: "I" data_type: TYPE_INT64 '
                             'dims: [ -1, 3 ] } ] dynamic_batching { max_queue_delay_microseconds: '

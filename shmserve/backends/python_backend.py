@@ -38,7 +38,7 @@ from ..errors import ConfigError, UnavailableError
 from ..pb_utils import bls, logger
 from ..pb_utils.config import config_json
 from ..pb_utils.errors import status_of
-from ..pb_utils.messages import received
+from ..pb_utils.messages import received, received_with_streams, response_arrays
 from ..protocol import Status
 from ..server import devices
 from . import Instance
@@ -131,29 +131,20 @@ class Backend:
 
     # -- Triton's API: a list of requests, a response each ------------------------------------
     def execute_requests(self, requests) -> list:
-        """requests: per request, (its inputs as (name, array view) pairs, its requested
-        output names, its parameters dict). Returns per request {output name: array}, or
-        (status, message) for an error."""
+        """requests: per request, (its inputs as {name: array view} or (name, array view)
+        pairs, its requested output names, its parameters dict). Returns per request
+        {output name: array}, or (status, message) for an error."""
         reqs = received(requests)
         if self._loop is not None:
             responses = self._loop.run_until_complete(self.model.execute(reqs))
         else:
             responses = self.model.execute(reqs)
-        if type(responses) is not list and not isinstance(responses, (list, tuple)) or \
-                len(responses) != len(reqs):
+        results = response_arrays(responses, len(reqs))  # per response its arrays, or None
+        if results is None:  # not a list (or tuple) of one response per request
             return [(Status.INTERNAL, self._not_one_each(responses, len(reqs)))] * len(reqs)
-        results = []
-        for response in responses:  # the common case in a few type checks, no calls
-            if type(response) is _InferenceResponse and response._error is None:
-                outputs = {}
-                for t in response._outputs:
-                    if type(t) is not _Tensor:
-                        break
-                    outputs[t._name] = t._array
-                else:
-                    results.append(outputs)
-                    continue
-            results.append(self._refused(len(results), response))
+        if None in results:  # an error, or not a response: the request hears which
+            results = [self._refused(i, response) if arrays is None else arrays
+                       for i, (arrays, response) in enumerate(zip(results, responses))]
         return results
 
     def _not_one_each(self, responses, n: int) -> str:
@@ -171,7 +162,7 @@ class Backend:
         """A decoupled model's execute (server/stream.py): requests as
         execute_requests's, each with its ResponseStream last; the model sends through
         request.get_response_sender(). Returns what execute() returned (None)."""
-        reqs = received([r[:3] for r in requests], [r[3] for r in requests])
+        reqs = received_with_streams(requests)
         if self._loop is not None:
             return self._loop.run_until_complete(self.model.execute(reqs))
         return self.model.execute(reqs)

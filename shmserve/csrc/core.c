@@ -1,7 +1,8 @@
 /*
  * core.c — the Python extension shmserve._core: the Mapping type (its methods are in
  * mapping.c, slots.c and stats.c), the TensorRef named tuple, the client's types
- * (arena.c: ArenaAllocator, ArenaBlock; client.c: ClientCore), and the export of
+ * (arena.c: ArenaAllocator, ArenaBlock; client.c: ClientCore), Triton's python model
+ * API's per-request objects (pb_types.c), and the export of
  * shmserve.h's declarations to Python (layout(), enums()), so that Python never types
  * a size, offset, constant or enum value by hand.
  */
@@ -242,7 +243,8 @@ PyMODINIT_FUNC PyInit__core(void) {
   MappingType.tp_methods = joined_methods();
   if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0 || PyType_Ready(&SpinType) < 0 ||
       PyType_Ready(&ArenaAllocatorType) < 0 || PyType_Ready(&ArenaBlockType) < 0 ||
-      PyType_Ready(&ClientCoreType) < 0 || PyType_Ready(&BatchType) < 0 || shms_py_client_ready() < 0)
+      PyType_Ready(&ClientCoreType) < 0 || PyType_Ready(&BatchType) < 0 || shms_py_client_ready() < 0 ||
+      shms_py_pb_ready() < 0)
     return NULL;
   shms_py_arena_full = PyErr_NewExceptionWithDoc(
       "shmserve._core.ArenaFull", "No free block of the arena is large enough.", NULL, NULL);
@@ -256,7 +258,7 @@ PyMODINIT_FUNC PyInit__core(void) {
       PyModule_AddObjectRef(m, "ArenaFull", shms_py_arena_full) < 0 ||
       PyModule_AddObjectRef(m, "ClientCore", (PyObject *)&ClientCoreType) < 0 ||
       PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
-      shms_py_add_tensor_ref(m) < 0) {
+      shms_py_add_tensor_ref(m) < 0 || PyModule_AddFunctions(m, shms_py_pb_methods) < 0) {
     Py_DECREF(m);
     return NULL;
   }

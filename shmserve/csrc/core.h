@@ -1,9 +1,9 @@
 /*
  * core.h — private to the Python extension shmserve._core (core.c, mapping.c, slots.c,
- * stats.c, arena.c, client.c, client_call.c, batch.c): the Mapping type every segment is
- * operated through, a client's arena allocator and blocks, the client's C core, and
- * their helpers. The protocol itself is in shmserve.h; these files only translate it
- * to Python (client_call.c runs a whole request with its procedures).
+ * stats.c, arena.c, client.c, client_call.c, batch.c, pb_types.c): the Mapping type
+ * every segment is operated through, a client's arena allocator and blocks, the client's
+ * C core, and their helpers. The protocol itself is in shmserve.h; these files only
+ * translate it to Python (client_call.c runs a whole request with its procedures).
  */
 #ifndef SHMS_CORE_H
 #define SHMS_CORE_H
@@ -101,5 +101,12 @@ extern PyTypeObject ClientCoreType;
 
 extern PyTypeObject BatchType; /* shmserve._core.Batch: a worker's batch in C */
 int shms_py_client_ready(void); /* interned names; -1 with an exception */
+
+/* ---------------------------------------------------------------- pb_types.c */
+
+/* Triton's python model API's per-request objects (pb_utils.Tensor, InferenceRequest,
+ * InferenceResponse) and the functions around them, as module functions pb_*. */
+extern PyMethodDef shms_py_pb_methods[];
+int shms_py_pb_ready(void); /* interned names and constants; -1 with an exception */
 
 #endif /* SHMS_CORE_H */

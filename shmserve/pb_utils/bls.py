@@ -20,7 +20,7 @@ import threading
 from ..errors import ServerTimeoutError, ShmServeError
 from . import messages
 from .errors import TritonError, code_of
-from .tensor import wrap
+from .tensor import Tensor
 
 DEFAULT_TIMEOUT_S = 60.0  # a BLS request without its own timeout waits at most this long
 
@@ -128,7 +128,7 @@ async def execute_async(request) -> "messages.InferenceResponse":
 
 def _response(result) -> "messages.InferenceResponse":
     # Views of the worker's arena: valid while the tensors live (no copy)
-    return messages.InferenceResponse([wrap(name, arr) for name, arr in result.items()])
+    return messages.InferenceResponse([Tensor(name, arr) for name, arr in result.items()])
 
 
 def _error(code: int, message: str) -> "messages.InferenceResponse":

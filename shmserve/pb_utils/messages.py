@@ -3,12 +3,18 @@
 One InferenceRequest class serves both ways, as in Triton: the requests execute()
 receives (built by the backend, inputs viewing the callers' shared memory) and the
 BLS requests a model builds to call another model (exec() / async_exec(), bls.py).
+
+What a model touches per request is C (csrc/pb_types.c): both types, made from the
+classes of their Python methods below, with their fields; the requests execute()
+receives built (received), get_input_tensor_by_name, the responses turned back into
+arrays (response_arrays).
 """
 from __future__ import annotations
 
 import json
 import weakref
 
+from .. import _core
 from ..protocol import Status, encode_parameters
 from . import bls
 from .errors import NotImplementedByShmserve, TritonError, TritonModelException, status_of
@@ -24,15 +30,15 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 _NO_PARAMETERS = "{}"
 
 
-class InferenceRequest:
+class _InferenceRequestMethods:
     """pb_utils.InferenceRequest(model_name=..., inputs=[Tensor...],
-    requested_output_names=[...], model_version=-1, ...).exec()"""
+    requested_output_names=[...], model_version=-1, ...).exec(): the class
+    InferenceRequest is made from (below), the C type adding its fields, of the names
+    __init__ sets."""
 
     # A request execute() receives holds _by_name, {input name: Tensor}: one lookup for
     # get_input_tensor_by_name; one a model builds holds _inputs, the list it was given.
-    __slots__ = ("_model_name", "_inputs", "_by_name", "_requested", "_model_version",
-                 "_request_id", "_correlation_id", "_flags", "_timeout_us", "_parameters",
-                 "_stream", "_sender")
+    __slots__ = ()
 
     def __init__(self, model_name: str = "", inputs=(), requested_output_names=(),
                  model_version: int = -1, request_id: str = "", correlation_id=0,
@@ -154,33 +160,20 @@ class InferenceRequest:
         return await bls.execute_async(self)
 
 
-def received(requests, streams=None) -> list[InferenceRequest]:
-    """The requests execute() receives, from the backend's (input (name, array) pairs,
-    requested output names, parameters dict) per request: no checks (the batcher
-    validated them), Tensors built in place (once per input of every request).
-    streams: a decoupled model's server/stream.py ResponseStream per request."""
-    new = _new
-    out = []
-    for inputs, requested, parameters in requests:
-        by_name = {}
-        for name, array in inputs:
-            t = new(Tensor)
-            t._name = name
-            t._array = array
-            by_name[name] = t
-        r = new(InferenceRequest)
-        r._by_name = by_name
-        r._inputs = None
-        r._requested = requested
-        r._parameters = parameters
-        r._model_name = r._request_id = ""
-        r._model_version = -1
-        r._correlation_id = r._flags = r._timeout_us = 0
-        r._stream = r._sender = None
-        out.append(r)
-    if streams is not None:
-        for r, stream in zip(out, streams):
-            r._stream = stream
+InferenceRequest = _core.pb_request_type(_InferenceRequestMethods)
+
+# The requests execute() receives, from the backend's (inputs as {name: array} or
+# (name, array) pairs, requested output names, parameters dict) per request: no checks (the batcher
+# validated them), a Tensor per input.
+received = _core.pb_received
+
+
+def received_with_streams(requests) -> list:
+    """A decoupled model's requests: received's, each with its ResponseStream last
+    (server/stream.py), which the request's response sender sends through."""
+    out = received([r[:3] for r in requests])
+    for r, request in zip(out, requests):
+        r._stream = request[3]
     return out
 
 
@@ -238,20 +231,31 @@ def _dropped(stream) -> None:
                 "sender of a request without sending TRITONSERVER_RESPONSE_COMPLETE_FINAL")
 
 
-_new = object.__new__
+class _InferenceResponseMethods:
+    """pb_utils.InferenceResponse(output_tensors=[Tensor...], error=None)'s methods: the
+    class InferenceResponse is made from (below). The C type holds _outputs and _error."""
 
+    __slots__ = ()
 
-class InferenceResponse:
-    """pb_utils.InferenceResponse(output_tensors=[Tensor...], error=None)."""
-
-    __slots__ = ("_outputs", "_error")
-
-    def __init__(self, output_tensors=None, error: TritonError | None = None, parameters=None):
-        # once per request: the common case (a list, no error) in one line of checks
-        if type(output_tensors) is not list or error is not None or parameters:
-            output_tensors = _checked_response(output_tensors, error, parameters)
-        self._outputs = output_tensors
-        self._error = error
+    @staticmethod
+    def _checked(output_tensors, error, parameters) -> list:
+        """The constructor's rare case (not a list, an error, parameters): its list of
+        output tensors, or why the arguments are refused."""
+        if output_tensors is None:
+            output_tensors = []
+        elif type(output_tensors) is not list:
+            if not isinstance(output_tensors, (list, tuple)):
+                raise TritonModelException("pb_utils.InferenceResponse: output_tensors must be a "
+                                           f"list of pb_utils.Tensor, got "
+                                           f"{type(output_tensors).__name__}")
+            output_tensors = list(output_tensors)
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException("pb_utils.InferenceResponse: error must be a "
+                                       f"pb_utils.TritonError, got {type(error).__name__}")
+        if parameters:
+            raise NotImplementedByShmserve("pb_utils.InferenceResponse(parameters=...)",
+                                           "shmserve's protocol carries no response parameters")
+        return output_tensors
 
     def output_tensors(self) -> list:
         return self._outputs
@@ -271,37 +275,16 @@ class InferenceResponse:
         return f"InferenceResponse({self._outputs!r})"
 
 
-def _checked_response(output_tensors, error, parameters) -> list:
-    """InferenceResponse's arguments checked; returns its list of output tensors."""
-    if output_tensors is None:
-        output_tensors = []
-    elif type(output_tensors) is not list:
-        if not isinstance(output_tensors, (list, tuple)):
-            raise TritonModelException("pb_utils.InferenceResponse: output_tensors must be a "
-                                       f"list of pb_utils.Tensor, got "
-                                       f"{type(output_tensors).__name__}")
-        output_tensors = list(output_tensors)
-    if error is not None and not isinstance(error, TritonError):
-        raise TritonModelException("pb_utils.InferenceResponse: error must be a "
-                                   f"pb_utils.TritonError, got {type(error).__name__}")
-    if parameters:
-        raise NotImplementedByShmserve("pb_utils.InferenceResponse(parameters=...)",
-                                       "shmserve's protocol carries no response parameters")
-    return output_tensors
+InferenceResponse = _core.pb_response_type(_InferenceResponseMethods)
 
+# response_arrays(responses, n): per response, {output name: array} of one without
+# error holding only Tensors, None for any other (the backend says why); None if
+# responses is not a list or tuple of n.
+response_arrays = _core.pb_response_arrays
 
-def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    """The request's input Tensor called `name`, or None."""
-    try:
-        by_name = inference_request._by_name
-    except AttributeError:  # not a pb_utils.InferenceRequest: any object with inputs()
-        by_name = None
-    if by_name is not None:
-        return by_name.get(name)
-    for tensor in inference_request.inputs():
-        if tensor.name() == name:
-            return tensor
-    return None
+# get_input_tensor_by_name(inference_request, name): the request's input Tensor called
+# `name`, or None (a received request's in one dict lookup; any object with inputs()).
+get_input_tensor_by_name = _core.pb_get_input_tensor_by_name
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:

@@ -3,6 +3,7 @@
 A Tensor is a name and a numpy array, nothing more: an input tensor's array is a view
 of the caller's shared memory (no copy), an output tensor's array is copied once into
 the caller's arena after execute() returns. BYTES tensors are numpy object arrays.
+The type is C (csrc/pb_types.c) with its rarely called methods written here.
 """
 from __future__ import annotations
 
@@ -10,31 +11,34 @@ import struct
 
 import numpy as np
 
+from .. import _core
 from ..protocol import DTYPE_CODES, decode_bytes, dtype_code, encode_bytes, numpy_dtype
 from .errors import TritonModelException
 
 _CPU = 1  # DLPack's kDLCPU
 
 
-class Tensor:
-    """pb_utils.Tensor(name, numpy_array)."""
+class _TensorMethods:
+    """pb_utils.Tensor(name, numpy_array)'s methods besides name() and as_numpy(): the
+    class Tensor is made from (below). The type, its fields (_name, _array), its
+    constructor's common case and those two methods are C (csrc/pb_types.c): a model
+    makes a Tensor per output of every request."""
 
-    __slots__ = ("_name", "_array")
+    __slots__ = ()
 
-    def __init__(self, name: str, numpy_array):
-        # once per output of every request: the common case in two checks
-        if type(numpy_array) is not _ndarray:
-            numpy_array = np.asarray(numpy_array)
-        if type(name) is not str or numpy_array.dtype.kind in "UV":
-            _refuse(name, numpy_array)
-        self._name = name
-        self._array = numpy_array
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
+    @staticmethod
+    def _checked(name, numpy_array) -> np.ndarray:
+        """The constructor's rare case (not an ndarray, a name not a str, a dtype that
+        may be refused): the array to hold, or why the arguments are refused."""
+        numpy_array = np.asarray(numpy_array)
+        if not isinstance(name, str):
+            raise TritonModelException(f"pb_utils.Tensor: name must be a str, got "
+                                       f"{type(name).__name__}")
+        if numpy_array.dtype.kind in "UV":  # as Triton: strings travel as object (bytes) arrays
+            raise TritonModelException(
+                f"pb_utils.Tensor '{name}': numpy dtype {numpy_array.dtype} is not supported by "
+                "the python backend; use np.object_ (bytes or str elements) for BYTES tensors")
+        return numpy_array
 
     def triton_dtype(self) -> int:
         """Triton's TRITONSERVER_DataType number (TYPE_FP32 = 11, BYTES = 13, ...)."""
@@ -77,29 +81,7 @@ class Tensor:
         return f"pb_utils.Tensor({self._name!r}, {self._array.dtype}{list(self._array.shape)})"
 
 
-_ndarray = np.ndarray
-
-
-def _refuse(name, array: np.ndarray) -> None:
-    """Raises why Tensor(name, array) is refused (a str subclass name is fine)."""
-    if not isinstance(name, str):
-        raise TritonModelException(f"pb_utils.Tensor: name must be a str, got "
-                                   f"{type(name).__name__}")
-    if array.dtype.kind in "UV":  # as Triton: strings travel as object (bytes) arrays
-        raise TritonModelException(
-            f"pb_utils.Tensor '{name}': numpy dtype {array.dtype} is not supported by the "
-            "python backend; use np.object_ (bytes or str elements) for BYTES tensors")
-
-
-def wrap(name: str, array: np.ndarray) -> Tensor:
-    """A Tensor as the backend builds one: no check (the batcher validated its input)."""
-    t = _new(Tensor)
-    t._name = name
-    t._array = array
-    return t
-
-
-_new = object.__new__
+Tensor = _core.pb_tensor_type(_TensorMethods)
 
 
 class _Capsule:

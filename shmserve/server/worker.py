@@ -320,7 +320,7 @@ class Worker:
             inputs = self.batch_inputs(batch)
             t_infer = time.monotonic_ns()
             (result,) = self.backend.execute_requests(
-                [(inputs.items(), self.output_names, _NO_PARAMETERS)])
+                [(inputs, self.output_names, _NO_PARAMETERS)])
             t_output = time.monotonic_ns()
             if type(result) is tuple:  # (status, message): the request's error
                 status, msg = result
