@@ -1,6 +1,6 @@
 /*
  * core.h — private to the Python extension shmserve._core (core.c, mapping.c, slots.c,
- * stats.c, arena.c, client.c, client_call.c, batch.c, pb_types.c): the Mapping type
+ * stats.c, arena.c, client.c, client_call.c, batch.c, batcher.c, pb_types.c): the Mapping type
  * every segment is operated through, a client's arena allocator and blocks, the client's
  * C core, and their helpers. The protocol itself is in shmserve.h; these files only
  * translate it to Python (client_call.c runs a whole request with its procedures).
@@ -100,6 +100,11 @@ extern PyTypeObject ClientCoreType;
 /* ---------------------------------------------------------------- batch.c */
 
 extern PyTypeObject BatchType; /* shmserve._core.Batch: a worker's batch in C */
+
+/* ---------------------------------------------------------------- batcher.c */
+
+extern PyTypeObject BatcherCoreType; /* shmserve._core.BatcherCore: the batcher's hot path */
+int shms_py_batcher_ready(void); /* interned names; -1 with an exception */
 int shms_py_client_ready(void); /* interned names; -1 with an exception */
 
 /* ---------------------------------------------------------------- pb_types.c */

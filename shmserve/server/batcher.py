@@ -13,7 +13,7 @@ import logging
 import os
 
 from .._core import now_ns
-from ..protocol import LAYOUT, MAILBOX_RETIRED, Duration, FailureReason, MailboxState, Status, Timestamp
+from ..protocol import LAYOUT, MAILBOX_RETIRED, FailureReason, MailboxState, Status
 from .intake import Intake
 from .maps import ServerMaps, child_setup
 from .models import DRAINED
@@ -23,6 +23,8 @@ from .scheduling import Pending, Rejection, Scheduler, make_scheduler
 L = LAYOUT
 log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_MS = 100  # an idle batcher checks its coordinator this often (--idle-check-ms)
+RETIRED_CHECK_NS = 10_000_000  # look for retired instances' batches this often (they ring too)
+STATE, PID = L["mailbox.state"], L["mailbox.pid"]
 
 
 def earliest(a: int | None, b: int | None) -> int | None:
@@ -37,10 +39,15 @@ class Model:
     spec: ModelSpec
     workers: list[int]  # its instances' worker indexes
     scheduler: Scheduler
+    offset: int  # its entry in the server segment (ServerLayout.model)
+    mailboxes: list[int]  # its instances' mailbox offsets, as workers
     pending: int = 0  # queue length last written to the model's statistics
     pinned: bool = False  # sequence batching: each batch is for one named instance
     draining: bool = False  # unloading: no new request; finish those queued, then go
     ticket: int = 0  # preserve_ordering: the last batch ticket handed out
+    # Its policy sends a lone request at once: while its queue is empty, the C intake
+    # hands such requests over itself (BatcherCore.set_direct, Batcher.direct).
+    direct_ok: bool = False
 
 
 class Batcher:
@@ -51,7 +58,13 @@ class Batcher:
         self.models: list[Model] = []
         # By model table index, shared with intake: None where no model is.
         self.schedulers: list[Scheduler | None] = [None] * self.maps.layout.n_models
-        self.intake = Intake(self.maps, self.schedulers, self.apply_table)
+        # By model table index, shared with intake: the C intake hands that model's lone
+        # requests over itself (set_direct). Cleared as soon as one is queued, so that
+        # nothing overtakes a queued request; set again when its queue is empty.
+        self.direct: list[bool] = [False] * self.maps.layout.n_models
+        self.intake = Intake(self.maps, self.schedulers, self.apply_table, self.direct)
+        self.core = self.intake.core  # the per-request work in C, both ways (csrc/batcher.c)
+        self.retired_check_at = 0
         for m in boot["models"]:
             self.add(m)
         # Changes of the model table (models.py), one JSON line each, numbered by the
@@ -80,6 +93,7 @@ class Batcher:
                 if m is not None and not m.draining:
                     m.draining = True
                     self.draining += 1
+                    self.set_direct(m, False)
             elif op == "drop":
                 m = self.model(change["model_id"])
                 if m is not None:
@@ -91,21 +105,32 @@ class Batcher:
         scheduler = make_scheduler(spec)
         if spec.max_queued_per_client is None:  # the model leaves it to the server's flag
             scheduler.max_per_client = self.max_queued_per_client
-        m = Model(d["model_id"], spec, list(d["workers"]), scheduler, pinned=scheduler.pinned,
+        layout = self.maps.layout
+        m = Model(d["model_id"], spec, list(d["workers"]), scheduler, layout.model(d["model_id"]),
+                  [layout.mailbox(w) for w in d["workers"]], pinned=scheduler.pinned,
                   draining=d.get("draining", False))
         if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
             srv, layout = self.maps.srv, self.maps.layout
             m.ticket = max([srv.load32(layout.model(m.model_id) + L["model.answer_turn"])]
                            + [srv.load64(layout.mailbox(w) + L["mailbox.ticket"]) & 0xFFFFFFFF
                               for w in m.workers])
+        m.direct_ok = (scheduler.sends_lone_request_at_once() and not m.pinned
+                       and not spec.preserve_ordering)
         self.models.append(m)
         self.schedulers[m.model_id] = m.scheduler
+        self.set_direct(m, m.direct_ok and not m.draining)
+
+    def set_direct(self, m: Model, on: bool) -> None:
+        """Whether the C intake hands m's lone requests over itself (see self.direct)."""
+        self.direct[m.model_id] = on
+        self.core.set_direct(m.model_id, m.mailboxes if on else None)
 
     def model(self, model_id: int) -> Model | None:
         return next((m for m in self.models if m.model_id == model_id), None)
 
     def remove(self, m: Model) -> None:
         self.models.remove(m)
+        self.set_direct(m, False)
         self.schedulers[m.model_id] = None
         if m.draining:
             self.draining -= 1
@@ -127,51 +152,56 @@ class Batcher:
 
     # -- 3. hand batches to idle workers -------------------------------------------
     def dispatch(self) -> int | None:
-        """Asks each model's scheduler for batches and hands them to idle workers.
-        Returns the earliest time (ns) at which the loop must run again without being
-        rung: a scheduler's deadline (queue delay, queue timeout), or now when a
-        worker went idle while we looked."""
-        srv, layout = self.maps.srv, self.maps.layout
+        """Asks the scheduler of each model holding requests for batches and hands them
+        to idle workers. Returns the earliest time (ns) at which the loop must run again
+        without being rung: a scheduler's deadline (queue delay, queue timeout), or now
+        when a worker went idle while we looked."""
+        srv = self.maps.srv
         deadline = None
         now = now_ns()
+        if now >= self.retired_check_at:
+            self.fail_retired_batches()
+            self.retired_check_at = now + RETIRED_CHECK_NS
         for m in self.models:
             s = m.scheduler
-            if len(s) and not srv.load32(layout.model(m.model_id) + L["model.ready"]):
+            if len(s) and not srv.load32(m.offset + L["model.ready"]):
                 self.fail_queue(m)
-            if len(s):
-                expired, expires = s.expire(now)
+            if not len(s):  # the common case between requests: nothing to look at
+                if m.pending:
+                    m.pending = 0
+                    srv.set_pending(m.offset, 0)
+                if m.direct_ok and not self.direct[m.model_id] and not m.draining:
+                    self.set_direct(m, True)
+                continue
+            expired, expires = s.expire(now)
+            if expired:
                 s.left(r.pending for r in expired)
                 for r in expired:
                     self.intake.reject(m.model_id, r)
-                deadline = earliest(deadline, expires)
-            busy, idle = [], []
-            for w in m.workers:
-                mb = layout.mailbox(w)
-                pid = srv.load32(mb + L["mailbox.pid"])
-                if pid == MAILBOX_RETIRED:  # its last batch has nobody else to answer it
-                    self.maps.fail_batch(w, m.model_id, f"model '{m.spec.name}': the instance "
-                                         "executing this request crash-looped and was retired")
+            deadline = earliest(deadline, expires)
+            busy, idle = [], []  # mailbox offsets; instance positions in m.workers
+            for i, mb in enumerate(m.mailboxes):
+                pid = srv.load32(mb + PID)
+                if pid == MAILBOX_RETIRED:  # fail_retired_batches answers its batch
                     continue
-                if not len(s):
-                    continue
-                if srv.load32(mb + L["mailbox.state"]) != MailboxState.IDLE or pid == 0:
+                if pid == 0 or srv.load32(mb + STATE) != MailboxState.IDLE:
                     busy.append(mb)
                 else:
-                    idle.append(w)
+                    idle.append(i)
             waiting_for_more = False
             if len(s) and idle and m.pinned:  # sequences: a batch is for one instance
-                plan, wait_until = s.assign(now, [m.workers.index(w) for w in idle])
+                plan, wait_until = s.assign(now, idle)
                 for i, batch in plan:
-                    self.hand_over(m, m.workers[i], batch, now)
-                    busy.append(layout.mailbox(m.workers[i]))
+                    self.hand_over(m, i, batch)
+                    busy.append(m.mailboxes[i])
                 deadline = earliest(deadline, wait_until)
             elif len(s) and idle:
                 # One call for all idle instances, so that a policy can share the queue
                 # among them (balanced batches) instead of filling the first.
                 batches, wait_until = s.next_batches(now, len(idle))
-                for w, batch in zip(idle, batches):
-                    self.hand_over(m, w, batch, now)
-                    busy.append(layout.mailbox(w))  # now busy too: it must ring us when done
+                for i, batch in zip(idle, batches):
+                    self.hand_over(m, i, batch)
+                    busy.append(m.mailboxes[i])  # busy now: it must ring us when done
                 if len(batches) < len(idle):
                     deadline = earliest(deadline, wait_until)
                     # An idle instance takes it by the deadline; with none, the policy
@@ -179,7 +209,9 @@ class Batcher:
                     waiting_for_more = wait_until is not None
             if len(s) != m.pending:  # nv_inference_pending_request_count
                 m.pending = len(s)
-                srv.set_pending(layout.model(m.model_id), m.pending)
+                srv.set_pending(m.offset, m.pending)
+            if not len(s) and m.direct_ok and not self.direct[m.model_id] and not m.draining:
+                self.set_direct(m, True)
             if len(s) and busy and not waiting_for_more:
                 # Requests are left and every live instance is busy (some just got a
                 # batch): each must ring the doorbell when it goes idle, or the rest
@@ -188,11 +220,21 @@ class Batcher:
                 # batcher_waiting: either it rings us, or we see it idle here.
                 for mb in busy:
                     srv.store32(mb + L["mailbox.batcher_waiting"], 1)
-                if any(srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE for mb in busy):
+                if any(srv.load32(mb + STATE) == MailboxState.IDLE for mb in busy):
                     deadline = now
         if self.draining:
             self.finish_drains()
         return deadline
+
+    def fail_retired_batches(self) -> None:
+        """Answers the batch a retired (crash-looped) instance left in its mailbox: it
+        has nobody else to answer it. The coordinator rings us when it retires one."""
+        srv = self.maps.srv
+        for m in self.models:
+            for w, mb in zip(m.workers, m.mailboxes):
+                if srv.load32(mb + PID) == MAILBOX_RETIRED:
+                    self.maps.fail_batch(w, m.model_id, f"model '{m.spec.name}': the instance "
+                                         "executing this request crash-looped and was retired")
 
     def fail_queue(self, m: Model) -> None:
         """The model became UNAVAILABLE (its instances crash-looped): answer its queue."""
@@ -204,17 +246,15 @@ class Batcher:
                 + ("it was unloaded" if m.draining else "its workers crash-looped; see "
                    "`shmserve models`") + ")", FailureReason.BACKEND))
 
-    def hand_over(self, q: Model, worker: int, batch: list[Pending], now: int) -> None:
+    def hand_over(self, q: Model, instance: int, batch: list[Pending]) -> None:
+        """Gives a batch to the instance at position `instance` of q.workers."""
         q.scheduler.left(batch)
-        # A request whose lease ended while queued has no arena any more (unmapped).
-        batch = [p for p in batch if p.arena.ops is not None]
-        if not batch:
-            return
-        for p in batch:
-            p.arena.ops.stamp(p.slot_off, Timestamp.BATCHED)
-        self.maps.srv.record_waits(self.maps.layout.model(q.model_id), Duration.QUEUE,
-                                   [p.arrived_ns for p in batch])
-        mb = self.maps.layout.mailbox(worker)
+        mb = q.mailboxes[instance]
+        if q.pinned or q.spec.preserve_ordering:
+            # A request whose lease ended while queued has no arena any more (unmapped).
+            batch = [p for p in batch if p.arena.ops is not None]
+            if not batch:
+                return
         if q.pinned:  # the worker keeps each sequence's state by its batch slot
             srv, layout = self.maps.srv, self.maps.layout
             for p in batch:
@@ -222,9 +262,11 @@ class Batcher:
         if q.spec.preserve_ordering:  # the worker answers after the batches handed out before
             q.ticket = q.ticket % 0xFFFFFFFF + 1  # 1 .. 2^32-1: 0 means unordered
             self.maps.srv.store64(mb + L["mailbox.ticket"], q.ticket)
+        # Stamps, queue times and the assignment in one C call, which leaves out the
+        # requests whose lease ended while queued.
         # SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
         # worker's doorbell_wait on its mailbox state; the ticket is stored before it.
-        self.maps.srv.mailbox_assign(mb, [p.shadow for p in batch])
+        self.core.hand_over(mb, q.offset, batch)
 
     # -- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:

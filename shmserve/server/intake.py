@@ -1,6 +1,7 @@
 """Intake: the batcher's trust boundary. Everything a client wrote is read here and
 nowhere else in the batcher: the request ring (drained, its stalled or forged claims
-skipped), each request's descriptor (copied and validated by the C core's take()),
+skipped), each request's descriptor (copied and validated in C: on the common path
+by BatcherCore.drain, one call per pass for every request published; else take()),
 the slot states of live leases (swept for requests the ring lost, and after a
 restart for those the previous batcher held).
 
@@ -14,7 +15,7 @@ import dataclasses
 import logging
 from typing import Sequence
 
-from .._core import now_ns
+from .._core import BatcherCore, now_ns
 from ..protocol import (LAYOUT, POP_CORRUPT, POP_OK, POP_STALLED, STALE_MODEL_ID, ClientState,
                         FailureReason, MailboxState, RingConsumer, SlotState, Status, Timestamp,
                         clip_error, decode_parameters, decode_sequence_id)
@@ -28,18 +29,24 @@ RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped 
 SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
 SEQUENCE_FLAGS = L["REQUEST_SEQUENCE_START"] | L["REQUEST_SEQUENCE_END"]  # STREAM is not one
 SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claims are skipped at once
+NO_OPTIONS = (0, 0, 0, 0, 0, 0, False)  # a request's options when it sets none
+STOP_POP, STOP_ENTRY, STOP_INVALID = 0, 1, 2  # why BatcherCore.drain stopped (csrc/batcher.c)
 
 
 class Intake:
     def __init__(self, maps: ServerMaps, schedulers: Sequence[Scheduler | None],
-                 table_changed=lambda: None):
+                 table_changed=lambda: None, direct: list[bool] | None = None):
         self.maps = maps
         self.schedulers = schedulers  # by model table index; None: no model there
+        # By model table index: whether BatcherCore.drain hands its lone requests over
+        # (the batcher's set_direct); cleared here when one of its requests is queued.
+        self.direct = direct if direct is not None else [False] * maps.layout.n_models
         self.table_changed = table_changed  # reads the table changes announced (batcher)
         # Handles withdrawn (unload, reload) -> the error their requests get (models.py)
         self.stale: dict[int, str] = {}
         self.n_models = maps.layout.n_models
         self.ring = RingConsumer(maps.ctl, maps.srv.load64(L["server.ring_pos"]))
+        self.core = BatcherCore(maps.ctl, maps.srv, self.ring.offset, self.ring.capacity, Pending)
         self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
         self.suspects: dict[int, tuple[int, int]] = {}  # client id -> (lease, suspect until ns)
         self.sweep_at = now_ns() + SWEEP_NS
@@ -47,21 +54,31 @@ class Intake:
 
     # -- take every published request from the ring ------------------------------
     def drain_ring(self) -> bool:
+        """Takes every published request: the common path in one C call per pass
+        (BatcherCore.drain), the rest here. Returns whether any was taken."""
         ring = self.ring
         start, took = ring.pos, False
         if ring.repair():
             self.ring_damaged("enqueue_pos was outside the ring; moved back")
         tries = 0
         while True:
-            got = ring.pop()
-            if got is None:
+            ring.pos, items, stop = self.core.drain(ring.pos, self.maps.arenas)
+            if items:
+                took = True
+                for model_id, p, extra in items:
+                    self.queue(model_id, p, extra)
+            if stop is None:
                 self.stall = None
                 break
-            kind, a, b, c = got
-            if kind == POP_OK:
+            if stop[0] == STOP_ENTRY:  # its arena is not mapped here yet
                 took = True
-                self.take(a, b, c)
+                self.take(*stop[1:])
                 continue
+            if stop[0] == STOP_INVALID:
+                took = True
+                self.answer_invalid(*stop[1:])
+                continue
+            _, kind, a, b = stop  # the ring's head: stalled claim or damage
             if kind == POP_STALLED and not self.may_skip_claim(a, b):
                 break
             # Bounded (failed skips included), so that a client rewriting cells as fast
@@ -79,8 +96,9 @@ class Intake:
         return took
 
     def take(self, client_id: int, slot: int, gen: int) -> None:
-        """Claims, copies and validates one request; answers it at once if invalid,
-        else hands it to its model's scheduler."""
+        """Claims, copies and validates one request whose arena may need mapping first
+        (the path drain()'s C call leaves here; also the sweep's and recovery's); answers
+        it at once if invalid, else hands it to its model's scheduler."""
         layout = self.maps.layout
         if client_id >= layout.max_clients or slot >= layout.slots_per_client:
             return  # malformed entry: there is no slot to answer
@@ -100,22 +118,43 @@ class Intake:
         if taken is None:
             return  # stale or duplicate entry
         if isinstance(taken[1], str):
-            status, msg = taken
-            # The model id of the server's copy: the slot's own the client may rewrite.
-            model_id = self.maps.srv.load32(layout.shadow(client_id, slot) + L["shadow.request"]
-                                            + L["request.model_id"])
-            if msg.startswith(STALE_MODEL_ID):  # an unloaded or reloaded model's handle
-                self.table_changed()
-                msg = self.stale.get(model_id, msg)
-            elif model_id < self.n_models:  # statistics first: the caller may read them next
-                self.maps.record_answers(model_id, [(status, now_ns())])
-            arena.ops.complete(slot_off, gen, status, msg, [])
+            self.answer_invalid(client_id, slot, gen, *taken, lease)
             return
         (model_id, rows, key, priority, timeout_us, params_off, params_bytes, flags, sequence_id,
          sid_off, sid_bytes) = taken
-        scheduler = self.schedulers[model_id]
         p = Pending(layout.shadow_index(client_id, slot), rows, key, now_ns(), arena, slot_off, gen,
                     priority, timeout_us, client=client_id)
+        # A request pushed once the server began to stop is refused; earlier ones drain.
+        # The ENQUEUE stamp is the client's word: a client can only win its own request
+        # a place in the drain, which --exit-timeout-secs bounds anyway.
+        # SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()).
+        drain_since = self.maps.srv.load64(L["server.drain_since_ns"])
+        late = bool(drain_since) and arena.ops.load64(slot_off + ENQUEUE_STAMP) >= drain_since
+        self.queue(model_id, p, (params_off, params_bytes, flags, sequence_id, sid_off,
+                                 sid_bytes, late))
+
+    def answer_invalid(self, client_id: int, slot: int, gen: int, status: int, msg: str,
+                       lease: int) -> None:
+        """Answers a request claimed and refused (take(), BatcherCore.drain)."""
+        layout = self.maps.layout
+        # The model id of the server's copy: the slot's own the client may rewrite.
+        model_id = self.maps.srv.load32(layout.shadow(client_id, slot) + L["shadow.request"]
+                                        + L["request.model_id"])
+        if msg.startswith(STALE_MODEL_ID):  # an unloaded or reloaded model's handle
+            self.table_changed()
+            msg = self.stale.get(model_id, msg)
+        elif model_id < self.n_models:  # statistics first: the caller may read them next
+            self.maps.record_answers(model_id, [(status, now_ns())])
+        mapped = self.maps.arena(client_id, lease)
+        if mapped is not None:
+            arena, alayout = mapped
+            arena.ops.complete(alayout.slot(slot), gen, status, msg, [])
+
+    def queue(self, model_id: int, p: Pending, extra: tuple | None) -> None:
+        """Hands a valid request to its model's scheduler. extra: None on the common
+        path, else (parameters_offset, parameters_bytes, flags, sequence_id,
+        sequence_id_offset, sequence_id_bytes, late), checked here."""
+        scheduler = self.schedulers[model_id]
         if scheduler is None:  # published before we read the table change: read it now
             self.table_changed()
             scheduler = self.schedulers[model_id]
@@ -123,29 +162,38 @@ class Intake:
                 self.reject(model_id, Rejection(p, Status.UNAVAILABLE, f"model id {model_id} "
                                                 "is not loaded"))
                 return
-        if scheduler.sequences or flags & SEQUENCE_FLAGS or sequence_id or sid_bytes:
-            p = self.sequence_request(model_id, p, flags, sequence_id, sid_off, sid_bytes)
+        if extra is not None or scheduler.sequences:
+            p = self.check_options(model_id, scheduler, p, extra or NO_OPTIONS)
             if p is None:
                 return
-        if params_bytes:  # hostile bytes: checked here, where an error answers only this request
-            try:
-                decode_parameters(arena.buffer[params_off:params_off + params_bytes])
-            except ValueError as e:
-                self.reject(model_id, Rejection(p, Status.INVALID_ARG, clip_error(
-                    f"model '{self.schedulers[model_id].spec.name}': {e}"), FailureReason.OTHER))
-                return
-        # A request pushed once the server began to stop is refused; earlier ones drain.
-        # The ENQUEUE stamp is the client's word: a client can only win its own request
-        # a place in the drain, which --exit-timeout-secs bounds anyway.
-        # SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()).
-        drain_since = self.maps.srv.load64(L["server.drain_since_ns"])
-        if drain_since and arena.ops.load64(slot_off + ENQUEUE_STAMP) >= drain_since:
-            self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
-                                            "finishes the requests it holds and takes no new one"))
-            return
+        if self.direct[model_id]:  # nothing may overtake a queued request
+            self.direct[model_id] = False
+            self.core.set_direct(model_id, None)
         refused = scheduler.admit(p)
         if refused is not None:
             self.reject(model_id, refused)
+
+    def check_options(self, model_id: int, scheduler: Scheduler, p: Pending,
+                      extra: tuple) -> Pending | None:
+        """p with its options checked (a SequencePending for a sequence model), or None
+        once refused."""
+        params_off, params_bytes, flags, sequence_id, sid_off, sid_bytes, late = extra
+        if scheduler.sequences or flags & SEQUENCE_FLAGS or sequence_id or sid_bytes:
+            p = self.sequence_request(model_id, p, flags, sequence_id, sid_off, sid_bytes)
+            if p is None:
+                return None
+        if params_bytes:  # hostile bytes: checked here, where an error answers only this request
+            try:
+                decode_parameters(p.arena.buffer[params_off:params_off + params_bytes])
+            except ValueError as e:
+                self.reject(model_id, Rejection(p, Status.INVALID_ARG, clip_error(
+                    f"model '{scheduler.spec.name}': {e}"), FailureReason.OTHER))
+                return None
+        if late:
+            self.reject(model_id, Rejection(p, Status.UNAVAILABLE, "the server is stopping: it "
+                                            "finishes the requests it holds and takes no new one"))
+            return None
+        return p
 
     def sequence_request(self, model_id: int, p: Pending, flags: int, sequence_id: int,
                          sid_off: int, sid_bytes: int) -> SequencePending | None:

@@ -37,8 +37,8 @@ class ServerMaps:
         self.srv = self.server.ops
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
         self.coordinator_pid = boot["coordinator_pid"]
-        self._arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
-        # {client_id: (lease, Mapping)} of _arenas, as _core.Batch.begin looks them up
+        self.arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
+        # {client_id: (lease, Mapping)} of arenas, as _core.Batch.begin looks them up
         self.mapped: dict[int, tuple[int, _core.Mapping]] = {}
         self._retired: list[Segment] = []  # mappings of ended leases, closed between batches
         self.pinning = None  # a GPU worker's gpu.ipc.HostPinning: arenas page-locked
@@ -61,11 +61,11 @@ class ServerMaps:
         state, current = self.lease_of(client_id)
         if state != ClientState.ALIVE or current != lease:
             return None
-        cached = self._arenas.get(client_id)
+        cached = self.arenas.get(client_id)
         if cached and cached[0] == lease:
             return cached[1], cached[2]
         if cached:  # an older lease of this client id: unmapped by drop_ended_leases
-            self._retired.append(self._arenas.pop(client_id)[1])
+            self._retired.append(self.arenas.pop(client_id)[1])
             del self.mapped[client_id]
         # /proc/<coordinator>/fd/<memfd>: the coordinator's descriptor of the arena
         _, _, size, path = self.srv.read_client_entry(self.layout.client(client_id))
@@ -88,7 +88,7 @@ class ServerMaps:
         layout = ArenaLayout(self.layout.slots_per_client, size)
         if self.pinning is not None:
             self.pin(seg, client_id)
-        self._arenas[client_id] = (lease, seg, layout)
+        self.arenas[client_id] = (lease, seg, layout)
         self.mapped[client_id] = (lease, seg.ops)
         return seg, layout
 
@@ -97,9 +97,9 @@ class ServerMaps:
         its last mapping goes, and a client id may not come back for a long time. Call
         it only where no request in hand uses a mapping (between batches); a queued
         request whose arena went is dropped unanswered (nobody is left to answer)."""
-        for client_id, (lease, seg, _) in list(self._arenas.items()):
+        for client_id, (lease, seg, _) in list(self.arenas.items()):
             if self.lease_of(client_id) != (ClientState.ALIVE, lease):
-                del self._arenas[client_id]
+                del self.arenas[client_id]
                 del self.mapped[client_id]
                 self._retired.append(seg)
         while self._retired:
@@ -117,7 +117,7 @@ class ServerMaps:
                         "GPU: %s)", client_id, e)
 
     def live_leases(self) -> set:
-        return {(client_id, lease) for client_id, (lease, _, _) in self._arenas.items()}
+        return {(client_id, lease) for client_id, (lease, _, _) in self.arenas.items()}
 
     def fail_batch(self, worker: int, model_id: int, message: str) -> int:
         """Answers every request in an ASSIGNED mailbox whose worker died with it

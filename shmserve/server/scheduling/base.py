@@ -72,6 +72,13 @@ class Scheduler(abc.ABC):
                 if counts[p.client] <= 0:
                     del counts[p.client]
 
+    def sends_lone_request_at_once(self) -> bool:
+        """Whether a request that finds the queue empty and an instance idle always goes
+        at once, alone, whatever it is. Then the batcher may hand such a request over
+        without asking the policy (csrc/batcher.c, set_direct): the common case of a
+        quiet model costs no Python. False unless a policy knows better."""
+        return False
+
     @classmethod
     @abc.abstractmethod
     def applies_to(cls, spec: ModelSpec) -> bool:

@@ -12,6 +12,9 @@ class DefaultScheduler(FifoQueue):
     def applies_to(cls, spec: ModelSpec) -> bool:
         return True  # the fallback: POLICIES lists it last
 
+    def sends_lone_request_at_once(self) -> bool:
+        return self.plain_queue()
+
     def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
         head = self.head()
         if head is None:

@@ -41,6 +41,10 @@ class DynamicBatchScheduler(FifoQueue):
     def applies_to(cls, spec: ModelSpec) -> bool:
         return spec.dynamic_batching
 
+    def sends_lone_request_at_once(self) -> bool:
+        # Without a delay a lone request is its own batch at once (next_batch: expired).
+        return self.plain_queue() and not self.delay_ns
+
     def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
         """Returns (batch, None) when a batch should go now, or (None, deadline_ns)
         when it is worth waiting for more requests until deadline_ns."""

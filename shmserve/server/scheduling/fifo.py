@@ -62,6 +62,11 @@ class FifoQueue(Scheduler):
     def __len__(self) -> int:
         return self.count
 
+    def plain_queue(self) -> bool:
+        """One priority level, no timeout, no per-client limit: order is arrival order
+        alone (and turns, which a lone request does not take)."""
+        return self.simple and not self.timed and not self.max_per_client
+
     @property
     def queue(self) -> list[Pending]:
         """Every request held, in the order batches take them (for tests and tools)."""

@@ -1,0 +1,407 @@
+/*
+ * batcher.c — shmserve._core.BatcherCore: the batcher's per-request work on the common
+ * path in one C call each way (docs/architecture.md, "The batcher's hot path in C").
+ * drain() pops the request ring, finds each entry's lease and mapped arena, claims,
+ * copies and validates the request (shms_take_request) and builds its queue entry
+ * (scheduling.Pending); hand_over() stamps a batch's requests, records their queue
+ * time and assigns the batch to a worker's mailbox. Python keeps the policy (the
+ * schedulers) and everything rare (server/intake.py): an arena to map, an invalid
+ * request to answer, a stalled or damaged ring head, parameters and sequence ids to
+ * decode, a draining server. The procedures are shmserve.h's.
+ */
+#include "core.h"
+
+/* A model whose lone requests go straight to an idle instance (set_direct). */
+typedef struct {
+  uint32_t n;       /* its instances; 0: not direct now */
+  uint64_t *mailbox; /* their mailbox offsets, in the order the batcher prefers them */
+} direct_model;
+
+/* A request drain() took, until it is handed over or becomes a Pending. */
+typedef struct {
+  PyObject *seg; /* its arena's Segment (strong) */
+  uint64_t slot_off;
+  uint32_t shadow, generation, client_id, model_id, late;
+} taken_request;
+
+typedef struct {
+  PyObject_HEAD
+  Mapping *ctl, *server;
+  PyObject *pending_type; /* scheduling.Pending */
+  uint64_t ring_offset, capacity;
+  uint32_t n_models;
+  direct_model *direct;   /* [n_models] */
+  uint32_t *pass_count;   /* [n_models]: requests of each model taken by this drain() */
+  taken_request *taken;   /* [capacity] */
+} BatcherCore;
+
+static PyObject *s_arena, *s_ops, *s_shadow, *s_slot_off, *s_arrived_ns; /* interned names */
+
+/* BatcherCore(control, server, ring_offset, capacity, pending_type) */
+static int batcher_init(BatcherCore *self, PyObject *args, PyObject *kw) {
+  Mapping *ctl, *server;
+  unsigned long long off, cap;
+  PyObject *pending_type;
+  if (!PyArg_ParseTuple(args, "O!O!KKO", &MappingType, &ctl, &MappingType, &server, &off, &cap,
+                        &pending_type))
+    return -1;
+  shms_ring r;
+  if (shms_py_ring_view(ctl, off, cap, &r) < 0 ||
+      !shms_py_at(server, 0, sizeof(shms_server_header), 8))
+    return -1;
+  Py_INCREF(ctl);
+  Py_XSETREF(self->ctl, ctl);
+  Py_INCREF(server);
+  Py_XSETREF(self->server, server);
+  Py_INCREF(pending_type);
+  Py_XSETREF(self->pending_type, pending_type);
+  self->ring_offset = off;
+  self->capacity = cap;
+  self->n_models = ((shms_server_header *)server->base)->n_models;
+  self->direct = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(direct_model));
+  self->pass_count = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(uint32_t));
+  self->taken = PyMem_Calloc(cap, sizeof(taken_request));
+  if (!self->direct || !self->pass_count || !self->taken) {
+    PyErr_NoMemory();
+    return -1;
+  }
+  return 0;
+}
+
+static void batcher_dealloc(BatcherCore *self) {
+  if (self->direct)
+    for (uint32_t i = 0; i < self->n_models; i++) PyMem_Free(self->direct[i].mailbox);
+  PyMem_Free(self->direct);
+  PyMem_Free(self->pass_count);
+  PyMem_Free(self->taken);
+  Py_XDECREF(self->ctl);
+  Py_XDECREF(self->server);
+  Py_XDECREF(self->pending_type);
+  Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The arena Segment of a live lease from the batcher's {client_id: (lease, Segment,
+ * ArenaLayout)} (ServerMaps.arenas), and its Mapping; NULL (no exception) when the
+ * lease has no mapping yet or a stale one: Python maps it. */
+static PyObject *mapped_arena(PyObject *arenas, uint32_t client_id, uint32_t lease,
+                              Mapping **ops) {
+  PyObject *key = PyLong_FromUnsignedLong(client_id);
+  if (!key) return NULL;
+  PyObject *cached = PyDict_GetItemWithError(arenas, key); /* borrowed */
+  Py_DECREF(key);
+  if (!cached || !PyTuple_Check(cached) || PyTuple_GET_SIZE(cached) < 2) return NULL;
+  unsigned long have = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(cached, 0));
+  if (have == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+  if (have != lease) return NULL;
+  PyObject *seg = PyTuple_GET_ITEM(cached, 1);
+  PyObject *m = PyObject_GetAttr(seg, s_ops);
+  if (!m) return NULL;
+  Py_DECREF(m); /* the Segment holds it */
+  if (Py_TYPE(m) != &MappingType || !((Mapping *)m)->base) return NULL;
+  *ops = (Mapping *)m;
+  return seg;
+}
+
+enum { STOP_POP = 0, STOP_ENTRY = 1, STOP_INVALID = 2 };
+
+/* set_direct(model_id, mailboxes or None): whether the model's lone requests skip its
+ * scheduler. The batcher sets it while the model's policy would send a lone request
+ * at once and holds none queued (batcher.py, Model.direct), and clears it as soon as
+ * one is queued, so that nothing overtakes a queued request. */
+static PyObject *batcher_set_direct(BatcherCore *self, PyObject *args) {
+  unsigned int model_id;
+  PyObject *mailboxes;
+  if (!PyArg_ParseTuple(args, "IO", &model_id, &mailboxes)) return NULL;
+  if (model_id >= self->n_models) return PyErr_Format(PyExc_IndexError, "model id %u", model_id);
+  direct_model *d = &self->direct[model_id];
+  d->n = 0;
+  if (mailboxes == Py_None) Py_RETURN_NONE;
+  PyObject *seq = PySequence_Fast(mailboxes, "mailboxes must be a sequence of offsets");
+  if (!seq) return NULL;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  uint64_t *mb = PyMem_Realloc(d->mailbox, (n ? n : 1) * sizeof(uint64_t));
+  if (!mb) {
+    Py_DECREF(seq);
+    return PyErr_NoMemory();
+  }
+  d->mailbox = mb;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    unsigned long long off = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if ((off == (unsigned long long)-1 && PyErr_Occurred()) ||
+        !shms_py_at(self->server, off, sizeof(shms_mailbox), 8)) {
+      Py_DECREF(seq);
+      return NULL;
+    }
+    mb[i] = off;
+  }
+  Py_DECREF(seq);
+  d->n = (uint32_t)n;
+  Py_RETURN_NONE;
+}
+
+/* The first idle live instance's mailbox of a direct model, or NULL. */
+static shms_mailbox *idle_mailbox(BatcherCore *self, const direct_model *d) {
+  for (uint32_t i = 0; i < d->n; i++) {
+    shms_mailbox *mb = (shms_mailbox *)(self->server->base + d->mailbox[i]);
+    uint32_t pid = __atomic_load_n(&mb->pid, __ATOMIC_RELAXED);
+    /* SYNC POINT: as dispatch(): the seq_cst load of the state pairs with the
+     * worker's store of IDLE; only an idle mailbox may be assigned. */
+    if (pid && pid != SHMS_MAILBOX_RETIRED &&
+        shms_load(&mb->state, memory_order_seq_cst) == SHMS_MAILBOX_IDLE)
+      return mb;
+  }
+  return NULL;
+}
+
+/* Stamps one request BATCHED, records its queue time: hand_over's per request. */
+static void batched(shms_slot *s, shms_model_entry *m, uint64_t arrived, uint64_t now) {
+  s->t_ns[SHMS_T_BATCHED] = now;
+  shms_stats_add(&m->stats, SHMS_DUR_QUEUE, now > arrived ? now - arrived : 0, 1);
+}
+
+static void forget_taken(BatcherCore *self, uint32_t n_taken) {
+  for (uint32_t i = 0; i < n_taken; i++) {
+    self->pass_count[self->taken[i].model_id] = 0;
+    Py_CLEAR(self->taken[i].seg);
+  }
+}
+
+/* drain(pos, arenas) -> (pos, [(model_id, Pending, extra)], stop)
+ * Takes every published entry from ring position pos on. A valid request of a direct
+ * model (set_direct) that is the only one of its model in this call, with no options
+ * for Python to check, goes straight to the model's first idle instance, as its
+ * policy would send it. Every other valid request becomes (model_id, Pending,
+ * extra): extra is None on the common path, else (parameters_offset,
+ * parameters_bytes, flags, sequence_id, sequence_id_offset, sequence_id_bytes, late)
+ * for Python to check (late: pushed once the server began to stop). It stops at the
+ * first thing only Python handles, returned as stop (None: the ring is empty):
+ *   (STOP_POP, kind, a, b): ring_pop's (kind, a, b, 0) for a stalled or damaged head;
+ *   (STOP_ENTRY, client_id, slot, generation): taken from the ring, its arena is not
+ *     mapped here yet: Python maps it and takes the request (Intake.take);
+ *   (STOP_INVALID, client_id, slot, generation, status, message, lease): claimed and
+ *     refused, for Python to answer.
+ * Entries naming no client, a slot out of range or an ended lease are dropped (nobody
+ * to answer), as are stale and duplicate ones. */
+static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
+  unsigned long long pos;
+  PyObject *arenas;
+  if (!PyArg_ParseTuple(args, "KO!", &pos, &PyDict_Type, &arenas)) return NULL;
+  shms_ring r;
+  if (shms_py_ring_view(self->ctl, self->ring_offset, self->capacity, &r) < 0) return NULL;
+  if (!shms_py_at(self->server, 0, sizeof(shms_server_header), 8)) return NULL;
+  shms_server_header *h = (shms_server_header *)self->server->base;
+  if (h->n_models != self->n_models)
+    return PyErr_Format(PyExc_ValueError, "the server header's model count changed");
+  shms_model_entry *models = (shms_model_entry *)shms_py_at(
+      self->server, h->models_offset, (uint64_t)h->n_models * sizeof(shms_model_entry), 8);
+  if (!models) return NULL;
+  const uint64_t slots_offset = shms_arena_layout(h->slots_per_client, 0).slots_offset;
+  const uint64_t data_offset = shms_arena_layout(h->slots_per_client, 0).data_offset;
+  /* SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()). */
+  const uint64_t drain_since = shms_load(&h->drain_since_ns, memory_order_seq_cst);
+  PyObject *items = NULL, *stop = NULL;
+  uint64_t p = pos;
+  uint32_t n_taken = 0;
+  /* 1. take: claim, copy and validate every published request */
+  for (uint64_t n = 0; n < self->capacity; n++) {
+    shms_ring_entry e;
+    uint32_t owner = 0;
+    uint64_t head_seq = 0;
+    int k = shms_ring_pop(&r, &p, &e, &owner, &head_seq);
+    if (k == SHMS_POP_EMPTY) break;
+    if (k != SHMS_POP_OK) {
+      stop = Py_BuildValue("(iiIK)", STOP_POP, k, owner, (unsigned long long)head_seq);
+      break;
+    }
+    if (e.client_id >= h->max_clients || e.slot >= h->slots_per_client) continue;
+    shms_client_entry *ce = (shms_client_entry *)shms_py_at(
+        self->server, h->clients_offset + (uint64_t)e.client_id * sizeof(shms_client_entry),
+        sizeof(shms_client_entry), 8);
+    if (!ce) goto fail;
+    /* SYNC POINT: as ServerMaps.lease_of: the seq_cst load of the state pairs with the
+     * coordinator's store of ALIVE (write_client_entry) and of DEAD. */
+    if (shms_load(&ce->state, memory_order_seq_cst) != SHMS_CLIENT_ALIVE) continue;
+    uint32_t lease = __atomic_load_n(&ce->generation, __ATOMIC_RELAXED);
+    Mapping *arena = NULL;
+    PyObject *seg = mapped_arena(arenas, e.client_id, lease, &arena);
+    if (!seg) {
+      if (PyErr_Occurred()) goto fail;
+      stop = Py_BuildValue("(iIII)", STOP_ENTRY, e.client_id, e.slot, e.generation);
+      break;
+    }
+    uint64_t slot_off = slots_offset + (uint64_t)e.slot * sizeof(shms_slot);
+    shms_slot *s = (shms_slot *)shms_py_at(arena, slot_off, sizeof(shms_slot), 8);
+    uint32_t shadow_index = e.client_id * h->slots_per_client + e.slot;
+    shms_shadow *sh = (shms_shadow *)shms_py_at(
+        self->server, h->shadows_offset + (uint64_t)shadow_index * sizeof(shms_shadow),
+        sizeof(shms_shadow), 8);
+    if (!s || !sh) goto fail;
+    char err[SHMS_ERROR_BYTES];
+    int st = shms_take_request(s, e.generation, sh, e.client_id, e.slot, lease, models,
+                               h->n_models, data_offset, arena->size, err, sizeof err);
+    if (st == SHMS_TAKE_STALE) continue;
+    if (st != SHMS_OK) {
+      stop = Py_BuildValue("(iIIIisI)", STOP_INVALID, e.client_id, e.slot, e.generation, st, err,
+                           lease);
+      break;
+    }
+    taken_request *t = &self->taken[n_taken++];
+    t->seg = Py_NewRef(seg);
+    t->slot_off = slot_off;
+    t->shadow = shadow_index;
+    t->generation = e.generation;
+    t->client_id = e.client_id;
+    t->late = drain_since && s->t_ns[SHMS_T_ENQUEUE] >= drain_since;
+    t->model_id = sh->request.model_id; /* < n_models: validated */
+    self->pass_count[t->model_id]++;
+  }
+  /* 2. hand lone requests of direct models over; queue entries for the rest. The
+   * shadows are the server's own copies: nothing a client writes changes them now. */
+  if (!(items = PyList_New(0))) goto fail;
+  uint64_t now = shms_now_ns();
+  for (uint32_t i = 0; i < n_taken; i++) {
+    taken_request *t = &self->taken[i];
+    const shms_shadow *sh = (const shms_shadow *)(self->server->base + h->shadows_offset +
+                                                  (uint64_t)t->shadow * sizeof(shms_shadow));
+    const shms_request *rq = &sh->request;
+    int plain = !rq->parameters_bytes && !rq->flags && !rq->sequence_id &&
+                !rq->sequence_id_bytes && !t->late;
+    const direct_model *d = &self->direct[t->model_id];
+    shms_mailbox *mb = plain && d->n && self->pass_count[t->model_id] == 1
+                           ? idle_mailbox(self, d) : NULL;
+    if (mb) {
+      Mapping *arena = (Mapping *)PyObject_GetAttr(t->seg, s_ops);
+      if (!arena) goto fail;
+      Py_DECREF(arena); /* the Segment holds it */
+      batched((shms_slot *)(arena->base + t->slot_off), &models[rq->model_id], sh->taken_ns, now);
+      /* SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
+       * worker's doorbell_wait on its mailbox state. */
+      shms_mailbox_assign(mb, &t->shadow, 1);
+      continue;
+    }
+    int64_t key[SHMS_SHAPE_KEY_MAX];
+    size_t nk = shms_shape_key(rq, &models[rq->model_id], key);
+    /* Pending(shadow, rows, key, arrived_ns, arena, slot_off, generation, priority,
+     *         timeout_us, queue_index, client) */
+    PyObject *pending = PyObject_CallFunction(
+        self->pending_type, "IIy#KOKIIKiI", t->shadow, sh->batch_rows, (const char *)key,
+        (Py_ssize_t)(nk * sizeof(int64_t)), (unsigned long long)sh->taken_ns, t->seg,
+        (unsigned long long)t->slot_off, t->generation, rq->priority,
+        (unsigned long long)rq->timeout_us, -1, t->client_id);
+    if (!pending) goto fail;
+    PyObject *item;
+    if (plain) {
+      item = Py_BuildValue("(INO)", rq->model_id, pending, Py_None);
+    } else {
+      item = Py_BuildValue("(IN(KIIKKIO))", rq->model_id, pending,
+                           (unsigned long long)rq->parameters_offset, rq->parameters_bytes,
+                           rq->flags, (unsigned long long)rq->sequence_id,
+                           (unsigned long long)rq->sequence_id_offset, rq->sequence_id_bytes,
+                           t->late ? Py_True : Py_False);
+    }
+    if (!item || PyList_Append(items, item) < 0) {
+      Py_XDECREF(item);
+      goto fail;
+    }
+    Py_DECREF(item);
+  }
+  forget_taken(self, n_taken);
+  if (!stop) {
+    if (PyErr_Occurred()) goto fail;
+    stop = Py_NewRef(Py_None);
+  }
+  return Py_BuildValue("(KNN)", (unsigned long long)p, items, stop);
+fail:
+  /* The requests taken stay QUEUED in their slots: the sweep finds none of them (it
+   * looks for SUBMITTED), so this is fatal to the batcher, as any exception in its
+   * loop is; its successor recovers them (Intake.recover). */
+  forget_taken(self, n_taken);
+  Py_XDECREF(items);
+  Py_XDECREF(stop);
+  return NULL;
+}
+
+/* An int attribute of a Pending, or -1 with an exception. */
+static int pending_u64(PyObject *p, PyObject *name, unsigned long long *out) {
+  PyObject *v = PyObject_GetAttr(p, name);
+  if (!v) return -1;
+  *out = PyLong_AsUnsignedLongLong(v);
+  Py_DECREF(v);
+  return *out == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* hand_over(mailbox_off, model_off, batch) -> how many were handed over. batch: the
+ * Pendings a scheduler gave; those whose lease ended while queued (arena unmapped:
+ * Segment.ops None) are left out. Each is stamped BATCHED, its queue time recorded in
+ * the model's statistics, and the batch assigned to the mailbox (shms_mailbox_assign,
+ * which wakes a sleeping worker). None left: nothing is assigned. */
+static PyObject *batcher_hand_over(BatcherCore *self, PyObject *args) {
+  unsigned long long mb_off, model_off;
+  PyObject *batch;
+  if (!PyArg_ParseTuple(args, "KKO!", &mb_off, &model_off, &PyList_Type, &batch)) return NULL;
+  shms_mailbox *mb = (shms_mailbox *)shms_py_at(self->server, mb_off, sizeof(shms_mailbox), 8);
+  shms_model_entry *m =
+      (shms_model_entry *)shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8);
+  if (!mb || !m) return NULL;
+  Py_ssize_t size = PyList_GET_SIZE(batch);
+  if (size > SHMS_MAX_BATCH_REQUESTS)
+    return PyErr_Format(PyExc_ValueError, "a batch holds at most %d requests, not %zd",
+                        SHMS_MAX_BATCH_REQUESTS, size);
+  uint32_t shadows[SHMS_MAX_BATCH_REQUESTS], n = 0;
+  uint64_t now = shms_now_ns();
+  for (Py_ssize_t i = 0; i < size; i++) {
+    PyObject *p = PyList_GET_ITEM(batch, i);
+    PyObject *arena = PyObject_GetAttr(p, s_arena);
+    PyObject *ops = arena ? PyObject_GetAttr(arena, s_ops) : NULL;
+    Py_XDECREF(arena);
+    if (!ops) return NULL;
+    Py_DECREF(ops); /* the Segment holds it */
+    if (ops == Py_None) continue; /* its lease ended while queued: nobody to answer */
+    if (Py_TYPE(ops) != &MappingType)
+      return PyErr_Format(PyExc_TypeError, "Pending.arena.ops is not a Mapping");
+    unsigned long long shadow, slot_off, arrived;
+    if (pending_u64(p, s_shadow, &shadow) < 0 || pending_u64(p, s_slot_off, &slot_off) < 0 ||
+        pending_u64(p, s_arrived_ns, &arrived) < 0)
+      return NULL;
+    shms_slot *s = (shms_slot *)shms_py_at((Mapping *)ops, slot_off, sizeof(shms_slot), 8);
+    if (!s) return NULL;
+    batched(s, m, arrived, now);
+    shadows[n++] = (uint32_t)shadow;
+  }
+  /* SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the worker's
+   * doorbell_wait on its mailbox state; what the caller stored before (ticket,
+   * sequence slots) is visible to the worker with it. */
+  if (n) shms_mailbox_assign(mb, shadows, n);
+  return PyLong_FromUnsignedLong(n);
+}
+
+static PyMethodDef batcher_methods[] = {
+    {"drain", (PyCFunction)batcher_drain, METH_VARARGS,
+     "drain(pos, arenas) -> (pos, [(model_id, Pending, extra)], stop): take the published "
+     "requests (see csrc/batcher.c)."},
+    {"set_direct", (PyCFunction)batcher_set_direct, METH_VARARGS,
+     "set_direct(model_id, mailboxes or None): lone requests skip the scheduler."},
+    {"hand_over", (PyCFunction)batcher_hand_over, METH_VARARGS,
+     "hand_over(mailbox_off, model_off, batch) -> n: stamp, record and assign a batch."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject BatcherCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "shmserve._core.BatcherCore",
+    .tp_basicsize = sizeof(BatcherCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The batcher's per-request work on the common path (csrc/batcher.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)batcher_init,
+    .tp_dealloc = (destructor)batcher_dealloc,
+    .tp_methods = batcher_methods,
+};
+
+int shms_py_batcher_ready(void) {
+  s_arena = PyUnicode_InternFromString("arena");
+  s_ops = PyUnicode_InternFromString("ops");
+  s_shadow = PyUnicode_InternFromString("shadow");
+  s_slot_off = PyUnicode_InternFromString("slot_off");
+  s_arrived_ns = PyUnicode_InternFromString("arrived_ns");
+  return s_arena && s_ops && s_shadow && s_slot_off && s_arrived_ns ? 0 : -1;
+}

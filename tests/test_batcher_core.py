@@ -1,0 +1,265 @@
+"""_core.BatcherCore (csrc/batcher.c): the batcher's per-request work in C, driven
+in-process over a control ring and segments built here (no server): which requests
+drain() takes, which go straight to an idle instance and which are queued, where it
+stops for Python, and what hand_over() stamps, records and assigns."""
+from __future__ import annotations
+
+import mmap
+import os
+import types
+
+import numpy as np
+import pytest
+
+from shmserve import _core
+from shmserve import protocol as P
+from shmserve.protocol import LAYOUT as L, DataType, Duration, MailboxState, Status, Timestamp
+from shmserve.server.coordinator import Coordinator
+from shmserve.server.intake import STOP_ENTRY, STOP_INVALID
+from shmserve.server.repository import ModelSpec, TensorSpec
+from shmserve.server.scheduling import Pending
+from shmserve.server.segments import (ArenaLayout, ServerLayout, control_ring_offset, control_size,
+                                      init_control)
+
+pytestmark = pytest.mark.timeout(60)
+
+FP32 = int(DataType.FP32)
+SLOTS = 4
+RING = 16
+QUEUE = int(Duration.QUEUE)  # the model statistics' durations row of queue time
+
+
+class Rig:
+    """A control ring, a server segment with one batched model (IN [4] -> OUT [4],
+    FP32) and two instances' mailboxes, and an arena per client with a live lease;
+    `arenas` is the batcher's {client_id: (lease, Segment, ArenaLayout)}."""
+
+    def __init__(self, n_clients: int = 2):
+        self.cmm = mmap.mmap(-1, control_size(RING))
+        self.ctl = _core.Mapping(self.cmm)
+        init_control(self.ctl, RING, os.getpid())
+        self.ring = P.Ring(self.ctl)
+        self.slay = ServerLayout(n_clients, SLOTS, 1, 2)
+        self.smm = mmap.mmap(-1, self.slay.size)
+        self.srv = _core.Mapping(self.smm)
+        self.srv.init_server(n_clients, SLOTS, 1, 2)
+        spec = ModelSpec(name="m", version=1, backend="python", path="", max_batch_size=8,
+                         inputs=(TensorSpec("IN", FP32, (4,)),),
+                         outputs=(TensorSpec("OUT", FP32, (4,)),), instance_count=2,
+                         dynamic_batching=True, preferred_batch_sizes=(), max_queue_delay_us=0,
+                         parameters={}, config_text="")
+        owner = types.SimpleNamespace(layout=self.slay, server=types.SimpleNamespace(ops=self.srv))
+        Coordinator.write_model_entry(owner, 0, spec)
+        self.srv.store32(self.slay.model(0) + L["model.ready"], 1)
+        self.alay = ArenaLayout.for_data(SLOTS, 1 << 16)
+        self.mms, self.arenas, self.gens = [], {}, {}
+        for c in range(n_clients):
+            mm = mmap.mmap(-1, self.alay.segment_bytes)
+            ops = _core.Mapping(mm)
+            ops.init_arena(SLOTS, 1 << 16, c, 1)
+            self.srv.write_client_entry(self.slay.client(c), 1, 1, 0, self.alay.segment_bytes, "x")
+            self.mms.append(mm)
+            self.arenas[c] = (1, types.SimpleNamespace(ops=ops), self.alay)
+        self.mailboxes = [self.slay.mailbox(w) for w in range(2)]
+        for mb in self.mailboxes:  # live, idle instances
+            self.srv.store32(mb + L["mailbox.pid"], os.getpid())
+            self.srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
+        self.core = _core.BatcherCore(self.ctl, self.srv, control_ring_offset(), RING, Pending)
+        self.pos = 0
+
+    def ops(self, client: int):
+        return self.arenas[client][1].ops
+
+    def submit(self, client: int, slot: int, rows: int = 1, dtype: int = FP32, **options) -> int:
+        """Writes a request into a slot and pushes it on the ring; returns its generation."""
+        mm = self.mms[client]
+        d = self.alay.data_offset + slot * 4096
+        data = np.arange(rows * 4, dtype=np.float32)
+        mm[d:d + data.nbytes] = data.tobytes()
+        gen = self.gens[client, slot] = self.gens.get((client, slot), 0) + 1
+        extra = (options.get("flags", 0), 0, 0, 0, options.get("parameters_bytes", 0))
+        self.ops(client).write_request(self.alay.slot(slot), gen, 0,
+                                       [(0, dtype, d, data.nbytes, (rows, 4))],
+                                       [(0, FP32, d + 2048, data.nbytes, [])], *extra)
+        assert self.ring.push(client, slot, gen) == P.RingResult.OK
+        return gen
+
+    def drain(self):
+        self.pos, items, stop = self.core.drain(self.pos, self.arenas)
+        return items, stop
+
+    def state(self, mb: int) -> int:
+        return self.srv.load32(mb + L["mailbox.state"])
+
+    def assigned(self, mb: int) -> list[int]:
+        n = self.srv.load32(mb + L["mailbox.n"])
+        return [self.srv.load32(mb + L["mailbox.shadow"] + 4 * i) for i in range(n)]
+
+    def stamp(self, client: int, slot: int, which: Timestamp) -> int:
+        return self.ops(client).load64(self.alay.slot(slot) + L["slot.t_ns"] + 8 * which)
+
+    def queue_waits(self) -> int:
+        return self.srv.model_stats(self.slay.model(0))["durations"][QUEUE][0]
+
+
+@pytest.fixture
+def rig():
+    return Rig()
+
+
+def test_a_lone_request_of_a_direct_model_goes_to_the_first_idle_instance(rig):
+    rig.srv.store32(rig.mailboxes[0] + L["mailbox.state"], MailboxState.ASSIGNED)  # busy
+    rig.core.set_direct(0, rig.mailboxes)
+    rig.submit(1, 2)
+    items, stop = rig.drain()
+    assert (items, stop) == ([], None)
+    assert rig.pos == 1
+    mb = rig.mailboxes[1]
+    assert rig.state(mb) == MailboxState.ASSIGNED
+    assert rig.assigned(mb) == [rig.slay.shadow_index(1, 2)]
+    assert rig.stamp(1, 2, Timestamp.BATCHED) > 0
+    assert rig.queue_waits() == 1
+    assert rig.ops(1).load32(rig.alay.slot(2) + L["slot.state"]) == P.SlotState.QUEUED
+
+
+def test_no_idle_instance_queues_the_request(rig):
+    for mb in rig.mailboxes:
+        rig.srv.store32(mb + L["mailbox.state"], MailboxState.ASSIGNED)
+    rig.core.set_direct(0, rig.mailboxes)
+    gen = rig.submit(0, 1, rows=3)
+    items, stop = rig.drain()
+    assert stop is None and len(items) == 1
+    model_id, p, extra = items[0]
+    assert (model_id, extra) == (0, None)
+    assert (p.shadow, p.rows, p.slot_off, p.generation, p.client) == (
+        rig.slay.shadow_index(0, 1), 3, rig.alay.slot(1), gen, 0)
+    assert p.arena is rig.arenas[0][1]
+    assert p.key == np.array([2, 4], np.int64).tobytes()  # input 0 of rank 2; its non-batch dims
+    assert rig.queue_waits() == 0  # recorded when handed over, not before
+
+
+def test_a_retired_or_unstarted_instance_is_never_assigned(rig):
+    rig.srv.store32(rig.mailboxes[0] + L["mailbox.pid"], 0)  # not started
+    rig.srv.store32(rig.mailboxes[1] + L["mailbox.pid"], P.MAILBOX_RETIRED)
+    rig.core.set_direct(0, rig.mailboxes)
+    rig.submit(0, 0)
+    items, _ = rig.drain()
+    assert len(items) == 1
+    assert [rig.state(mb) for mb in rig.mailboxes] == [MailboxState.IDLE] * 2
+
+
+def test_two_requests_of_one_model_in_a_pass_both_queue_in_ring_order(rig):
+    """Lone means alone in the pass: two go to the scheduler, which may batch them."""
+    rig.core.set_direct(0, rig.mailboxes)
+    rig.submit(1, 0)
+    rig.submit(0, 3)
+    items, stop = rig.drain()
+    assert stop is None
+    assert [(p.client, p.slot_off) for _, p, _ in items] == [(1, rig.alay.slot(0)),
+                                                             (0, rig.alay.slot(3))]
+    assert [rig.state(mb) for mb in rig.mailboxes] == [MailboxState.IDLE] * 2
+
+
+def test_not_direct_queues_and_set_direct_none_turns_it_off(rig):
+    rig.core.set_direct(0, rig.mailboxes)
+    rig.core.set_direct(0, None)
+    rig.submit(0, 0)
+    items, _ = rig.drain()
+    assert len(items) == 1
+
+
+def test_a_request_with_options_goes_to_python_with_them(rig):
+    rig.core.set_direct(0, rig.mailboxes)
+    flags = L["REQUEST_SEQUENCE_START"]
+    rig.submit(0, 0, flags=flags)
+    items, stop = rig.drain()
+    assert stop is None and len(items) == 1
+    _, _, extra = items[0]
+    assert extra is not None and extra[2] == flags and extra[6] is False
+    assert [rig.state(mb) for mb in rig.mailboxes] == [MailboxState.IDLE] * 2
+
+
+def test_a_request_pushed_after_the_drain_began_is_late(rig):
+    rig.core.set_direct(0, rig.mailboxes)
+    rig.srv.store64(L["server.drain_since_ns"], 1)  # every ENQUEUE stamp is later
+    rig.submit(0, 0)
+    items, _ = rig.drain()
+    assert items[0][2] is not None and items[0][2][6] is True  # late: Python refuses it
+
+
+def test_an_unmapped_arena_stops_the_pass_for_python(rig):
+    rig.submit(0, 0)
+    gen = rig.submit(1, 1)
+    rig.submit(0, 2)
+    del rig.arenas[1]
+    items, stop = rig.drain()
+    assert len(items) == 1 and items[0][1].client == 0  # the one before
+    assert stop == (STOP_ENTRY, 1, 1, gen)
+    assert rig.pos == 2  # that entry was taken from the ring: Python takes the request
+    rig.arenas[1] = (2, None, None)  # a mapping of an ended lease is not used either
+    items, stop = rig.drain()
+    assert len(items) == 1 and stop is None and rig.pos == 3
+
+
+def test_an_invalid_request_is_claimed_and_stopped_for_python_to_answer(rig):
+    gen = rig.submit(0, 1, dtype=int(DataType.INT32))
+    rig.submit(1, 0)
+    items, stop = rig.drain()
+    assert items == []
+    assert stop[:4] == (STOP_INVALID, 0, 1, gen)
+    status, message, lease = stop[4:]
+    assert status == Status.INVALID_ARG and "IN" in message and lease == 1
+    items, stop = rig.drain()  # the rest of the ring next
+    assert len(items) == 1 and stop is None
+
+
+def test_hostile_entries_are_dropped_without_an_answer(rig):
+    rig.submit(0, 0)
+    assert rig.ring.push(7, 0, 1) == P.RingResult.OK  # no such client
+    assert rig.ring.push(0, SLOTS + 3, 1) == P.RingResult.OK  # no such slot
+    assert rig.ring.push(1, 3, 9) == P.RingResult.OK  # nothing submitted there: stale
+    rig.srv.write_client_entry(rig.slay.client(1), 1, 1, 0, 0, "x")
+    items, stop = rig.drain()
+    assert len(items) == 1 and stop is None and rig.pos == 4
+    assert rig.drain() == ([], None)  # a duplicate of nothing: still nothing
+
+
+def test_a_dead_lease_is_dropped(rig):
+    rig.submit(1, 0)
+    rig.srv.store32(rig.slay.client(1) + L["client_entry.state"], P.ClientState.DEAD)
+    assert rig.drain() == ([], None)
+
+
+def test_hand_over_stamps_records_and_assigns_and_leaves_ended_leases_out(rig):
+    rig.submit(0, 0)
+    rig.submit(1, 1)
+    rig.submit(0, 2)
+    items, _ = rig.drain()
+    batch = [p for _, p, _ in items]
+    gone = types.SimpleNamespace(ops=None)  # client 1's lease ended while queued
+    batch[1] = Pending(batch[1].shadow, 1, batch[1].key, batch[1].arrived_ns, gone,
+                       batch[1].slot_off, batch[1].generation)
+    mb = rig.mailboxes[1]
+    assert rig.core.hand_over(mb, rig.slay.model(0), batch) == 2
+    assert rig.assigned(mb) == [rig.slay.shadow_index(0, 0), rig.slay.shadow_index(0, 2)]
+    assert rig.state(mb) == MailboxState.ASSIGNED
+    assert rig.stamp(0, 0, Timestamp.BATCHED) and rig.stamp(0, 2, Timestamp.BATCHED)
+    assert rig.stamp(1, 1, Timestamp.BATCHED) == 0
+    assert rig.queue_waits() == 2
+
+
+def test_hand_over_of_nothing_left_assigns_nothing(rig):
+    rig.submit(1, 1)
+    (_, p, _), = rig.drain()[0]
+    p.arena = types.SimpleNamespace(ops=None)
+    assert rig.core.hand_over(rig.mailboxes[0], rig.slay.model(0), [p]) == 0
+    assert rig.state(rig.mailboxes[0]) == MailboxState.IDLE
+
+
+def test_arguments_out_of_range_are_refused(rig):
+    with pytest.raises(IndexError):
+        rig.core.set_direct(5, rig.mailboxes)
+    with pytest.raises(IndexError):
+        rig.core.set_direct(0, [rig.slay.size])  # past the server segment
+    with pytest.raises(ValueError):
+        rig.core.hand_over(rig.mailboxes[0], rig.slay.model(0), [None] * 1000)
