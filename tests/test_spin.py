@@ -55,3 +55,31 @@ def test_a_preempted_spin_backs_off_then_probes_again():
         assert ops.doorbell_wait(0, 4, 0, spin, 0) == 0
         assert spin.backoff == left
     assert spin.budget_ns() == 2_000_000_000
+
+
+def test_a_callers_preempted_spin_backs_off_too(server_factory):
+    """A caller's wait in the one-C-call path (client_call.c) learns as the server's
+    waiters do: the caller shares its CPU with a CPU-bound process, its spin's first
+    yield is preempted, and the lease's next waits do not spin."""
+    import numpy as np
+
+    server = server_factory()
+    client = server.client(spin_us=2_000_000)  # would spin 2 s for each answer
+    core = client.engine._core
+    assert core.spin_budget() == 2_000_000_000
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    x = np.ones((1, 16), np.float32)
+    try:
+        os.sched_setaffinity(busy.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        for _ in range(3):  # the first spin may end before the busy process runs
+            np.testing.assert_array_equal(client.infer("identity", [x], copy=True)["OUTPUT0"], x)
+            if core.spin_budget() == 0:
+                break
+    finally:
+        os.sched_setaffinity(0, before)
+        busy.kill()
+        busy.wait()
+    assert core.spin_budget() == 0

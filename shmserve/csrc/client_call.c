@@ -354,9 +354,11 @@ static int lease_alive(void *ctx) {
 enum { WAIT_DONE, WAIT_TIMEOUT, WAIT_SLICE };
 
 /* Without the GIL: waits for slot s to be DONE, at most one liveness slice, and
- * until `started + timeout_ns` (timeout_ns < 0: no limit). As Engine.wait. */
+ * until `started + timeout_ns` (timeout_ns < 0: no limit). As Engine.wait. Spins
+ * spin_ns first; *preempted says whether a yield of that spin was preempted (for
+ * shms_spin_outcome, which the caller feeds with the GIL held). */
 static int wait_done(ClientCore *self, shms_slot *s, uint64_t started, int64_t timeout_ns,
-                     int64_t spin_ns) {
+                     int64_t spin_ns, int *preempted) {
   shms_arena_header *h = arena_header(self);
   for (;;) {
     uint32_t seen = shms_load(&h->completions, memory_order_acquire); /* before the check */
@@ -369,7 +371,11 @@ static int wait_done(ClientCore *self, shms_slot *s, uint64_t started, int64_t t
     }
     /* SYNC POINT: woken by the server's shms_doorbell_ring on arena.completions
      * (shms_slot_complete). */
-    if (!shms_doorbell_wait(&h->completions, &h->waiters, seen, spin_ns, slice)) return WAIT_SLICE;
+    int cut = 0;
+    int woke = shms_doorbell_wait_x(&h->completions, &h->waiters, seen, spin_ns, slice, &cut, 0);
+    *preempted |= cut;
+    spin_ns = 0; /* one spin a wait */
+    if (!woke) return WAIT_SLICE;
   }
 }
 
@@ -393,7 +399,8 @@ static uint64_t copy_in_bytes(const call *c) {
  * push's result; *withdrawn says a failed push put the slot back to FREE (then the
  * request was not sent), *how how the wait ended. */
 static int send_call(ClientCore *self, call *c, lease_check *lc, int wait, uint64_t *started,
-                     int64_t timeout_ns, int64_t spin_ns, int *withdrawn, int *how) {
+                     int64_t timeout_ns, int64_t spin_ns, int *preempted, int *withdrawn,
+                     int *how) {
   int rc;
   *withdrawn = 0;
   *how = WAIT_SLICE;
@@ -414,7 +421,7 @@ static int send_call(ClientCore *self, call *c, lease_check *lc, int wait, uint6
   if (rc != SHMS_RING_OK) *withdrawn = shms_slot_withdraw(slot_at(self, c->slot));
   *started = shms_now_ns();
   if (wait && !*withdrawn && !lc->exc_type)
-    *how = wait_done(self, slot_at(self, c->slot), *started, timeout_ns, spin_ns);
+    *how = wait_done(self, slot_at(self, c->slot), *started, timeout_ns, spin_ns, preempted);
   Py_END_ALLOW_THREADS
   return rc;
 }
@@ -588,10 +595,13 @@ PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize
   lease_check lc = {engine, self->dead_error, NULL, NULL, NULL};
   int64_t spin_ns = shms_spin_budget(&self->spin);
   uint64_t started;
-  int withdrawn, how;
+  int withdrawn, how, preempted = 0;
   PyObject *out = NULL;
   enter(self);
-  int rc = send_call(self, &c, &lc, 1, &started, timeout_ns, spin_ns, &withdrawn, &how);
+  int rc = send_call(self, &c, &lc, 1, &started, timeout_ns, spin_ns, &preempted, &withdrawn,
+                     &how);
+  /* a spin a neighbour preempted turns the lease's spinning off for a while */
+  shms_spin_outcome(&self->spin, preempted);
   drop_views(&c); /* copied, or in the arena and held by the caller */
   if (rc != SHMS_RING_OK && withdrawn) {
     out = unsent(self, &c, &lc, rc);
@@ -610,7 +620,7 @@ PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize
       goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    how = wait_done(self, slot_at(self, c.slot), started, timeout_ns, spin_ns);
+    how = wait_done(self, slot_at(self, c.slot), started, timeout_ns, 0, &preempted);
     Py_END_ALLOW_THREADS
   }
   if (how == WAIT_TIMEOUT) {
@@ -711,7 +721,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   int withdrawn, how;
   PyObject *out = NULL;
   enter(self);
-  int rc = send_call(self, &c, &lc, 0, &started, -1, 0, &withdrawn, &how);
+  int rc = send_call(self, &c, &lc, 0, &started, -1, 0, NULL, &withdrawn, &how);
   end_call(&c);
   if (rc != SHMS_RING_OK && withdrawn) {
     out = unsent(self, &c, &lc, rc);
