@@ -263,3 +263,91 @@ def test_arguments_out_of_range_are_refused(rig):
         rig.core.set_direct(0, [rig.slay.size])  # past the server segment
     with pytest.raises(ValueError):
         rig.core.hand_over(rig.mailboxes[0], rig.slay.model(0), [None] * 1000)
+
+
+# -- two batches deep: place() and the worker's mailbox_finish() -----------------------
+
+
+def queued(rig, n: int, client: int = 0) -> list:
+    """n requests of one client taken and queued (no direct path)."""
+    for slot in range(n):
+        rig.submit(client, slot)
+    items, stop = rig.drain()
+    assert stop is None and len(items) == n
+    return [p for _, p, _ in items]
+
+
+def next_batch(rig, mb: int) -> list[int]:
+    n = rig.srv.load32(mb + L["mailbox.next_n"])
+    return [rig.srv.load32(mb + L["mailbox.next_shadow"] + 4 * i) for i in range(n)]
+
+
+def test_place_on_an_idle_instance_assigns_its_batch(rig):
+    a, b = queued(rig, 2)
+    mb = rig.mailboxes[0]
+    assert rig.core.place(mb, rig.slay.model(0), [a, b], False) == (2, 0)
+    assert rig.state(mb) == MailboxState.ASSIGNED
+    assert rig.assigned(mb) == [a.shadow, b.shadow]
+    assert rig.queue_waits() == 2
+
+
+def test_a_busy_instance_gets_a_next_batch_which_may_grow_until_taken(rig):
+    a, b, c = queued(rig, 3)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    assert rig.core.hand_over(mb, model, [a]) == 1
+    assert rig.core.place(mb, model, [b], False) == (1, 1)
+    assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
+    assert rig.core.place(mb, model, [c], True) == (1, 2)
+    assert next_batch(rig, mb) == [b.shadow, c.shadow]
+    assert rig.assigned(mb) == [a.shadow]  # the batch running is untouched
+    # the worker is done with a: the next batch is its batch now, to run at once
+    assert rig.srv.mailbox_finish(mb) is True
+    assert rig.state(mb) == MailboxState.ASSIGNED
+    assert rig.assigned(mb) == [b.shadow, c.shadow]
+    assert rig.srv.mailbox_next(mb) == []
+    assert rig.srv.mailbox_finish(mb) is False
+    assert rig.state(mb) == MailboxState.IDLE
+
+
+def test_a_join_that_finds_the_next_batch_taken_becomes_the_next_batch(rig):
+    a, b, c = queued(rig, 3)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    assert rig.srv.mailbox_finish(mb) is True  # the worker took b meanwhile
+    assert rig.core.place(mb, model, [c], True) == (1, 1)
+    assert next_batch(rig, mb) == [c.shadow] and rig.assigned(mb) == [b.shadow]
+    rig.srv.mailbox_finish(mb)
+    rig.srv.mailbox_finish(mb)  # and c ran too
+    assert rig.core.place(mb, model, [a], True) == (1, 0)  # idle now: its batch
+
+
+def test_place_refuses_a_next_batch_it_did_not_know_of(rig):
+    a, b, c = queued(rig, 3)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    with pytest.raises(RuntimeError, match="next batch"):
+        rig.core.place(mb, model, [c], False)
+    assert next_batch(rig, mb) == [b.shadow]
+
+
+def test_a_worker_that_died_promoting_is_followed_by_one_that_finishes_the_move(rig):
+    a, b = queued(rig, 2)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    rig.srv.store32(mb + L["mailbox.state"], MailboxState.PROMOTING)  # died mid-move
+    assert rig.srv.mailbox_next(mb) == [b.shadow]  # a restarted batcher counts it as assigned
+    assert rig.srv.mailbox_finish(mb) is True
+    assert rig.assigned(mb) == [b.shadow] and rig.state(mb) == MailboxState.ASSIGNED
+
+
+def test_a_batcher_that_died_appending_is_repaired_by_its_successor(rig):
+    a, b = queued(rig, 2)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    rig.srv.store32(mb + L["mailbox.state"], MailboxState.EDITING)  # died mid-append
+    assert rig.srv.mailbox_next(mb) == [b.shadow]
+    assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
