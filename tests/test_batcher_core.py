@@ -14,12 +14,11 @@ import pytest
 from shmserve import _core
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L, DataType, Duration, MailboxState, Status, Timestamp
-from shmserve.server.coordinator import Coordinator
 from shmserve.server.intake import STOP_ENTRY, STOP_INVALID
-from shmserve.server.repository import ModelSpec, TensorSpec
 from shmserve.server.scheduling import Pending
-from shmserve.server.segments import (ArenaLayout, ServerLayout, control_ring_offset, control_size,
-                                      init_control)
+from shmserve.server.segments import ArenaLayout, control_ring_offset, control_size, init_control
+
+from helpers import server_segment_with_one_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,18 +38,7 @@ class Rig:
         self.ctl = _core.Mapping(self.cmm)
         init_control(self.ctl, RING, os.getpid())
         self.ring = P.Ring(self.ctl)
-        self.slay = ServerLayout(n_clients, SLOTS, 1, 2)
-        self.smm = mmap.mmap(-1, self.slay.size)
-        self.srv = _core.Mapping(self.smm)
-        self.srv.init_server(n_clients, SLOTS, 1, 2)
-        spec = ModelSpec(name="m", version=1, backend="python", path="", max_batch_size=8,
-                         inputs=(TensorSpec("IN", FP32, (4,)),),
-                         outputs=(TensorSpec("OUT", FP32, (4,)),), instance_count=2,
-                         dynamic_batching=True, preferred_batch_sizes=(), max_queue_delay_us=0,
-                         parameters={}, config_text="")
-        owner = types.SimpleNamespace(layout=self.slay, server=types.SimpleNamespace(ops=self.srv))
-        Coordinator.write_model_entry(owner, 0, spec)
-        self.srv.store32(self.slay.model(0) + L["model.ready"], 1)
+        self.slay, self.smm, self.srv = server_segment_with_one_model(n_clients, SLOTS, 2)
         self.alay = ArenaLayout.for_data(SLOTS, 1 << 16)
         self.mms, self.arenas, self.gens = [], {}, {}
         for c in range(n_clients):
@@ -332,22 +320,17 @@ def test_place_refuses_a_next_batch_it_did_not_know_of(rig):
     assert next_batch(rig, mb) == [b.shadow]
 
 
-def test_a_worker_that_died_promoting_is_followed_by_one_that_finishes_the_move(rig):
+@pytest.mark.parametrize("died", ["worker promoting", "batcher editing"])
+def test_a_move_a_dead_process_left_half_done_is_finished_by_its_successor(rig, died):
     a, b = queued(rig, 2)
     mb, model = rig.mailboxes[0], rig.slay.model(0)
     rig.core.hand_over(mb, model, [a])
     rig.core.place(mb, model, [b], False)
-    rig.srv.store32(mb + L["mailbox.state"], MailboxState.PROMOTING)  # died mid-move
-    assert rig.srv.mailbox_next(mb) == [b.shadow]  # a restarted batcher counts it as assigned
-    assert rig.srv.mailbox_finish(mb) is True
-    assert rig.assigned(mb) == [b.shadow] and rig.state(mb) == MailboxState.ASSIGNED
-
-
-def test_a_batcher_that_died_appending_is_repaired_by_its_successor(rig):
-    a, b = queued(rig, 2)
-    mb, model = rig.mailboxes[0], rig.slay.model(0)
-    rig.core.hand_over(mb, model, [a])
-    rig.core.place(mb, model, [b], False)
-    rig.srv.store32(mb + L["mailbox.state"], MailboxState.EDITING)  # died mid-append
+    state = MailboxState.PROMOTING if died == "worker promoting" else MailboxState.EDITING
+    rig.srv.store32(mb + L["mailbox.state"], state)
+    # a restarted batcher counts the next batch as assigned (and repairs an append)
     assert rig.srv.mailbox_next(mb) == [b.shadow]
-    assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
+    if died == "batcher editing":
+        assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
+    assert rig.srv.mailbox_finish(mb) is True  # a restarted worker moves it in place
+    assert rig.assigned(mb) == [b.shadow] and rig.state(mb) == MailboxState.ASSIGNED

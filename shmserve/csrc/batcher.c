@@ -366,6 +366,17 @@ static Py_ssize_t stamp_batch(BatcherCore *self, shms_model_entry *m, PyObject *
   return n;
 }
 
+/* stamp_batch for the model entry at model_off, and the mailbox at mb_off (*mb). */
+static Py_ssize_t stamp_for(BatcherCore *self, unsigned long long mb_off,
+                            unsigned long long model_off, PyObject *batch, shms_mailbox **mb,
+                            uint32_t shadows[SHMS_MAX_BATCH_REQUESTS]) {
+  *mb = (shms_mailbox *)shms_py_at(self->server, mb_off, sizeof(shms_mailbox), 8);
+  shms_model_entry *m =
+      (shms_model_entry *)shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8);
+  if (!*mb || !m) return -1;
+  return stamp_batch(self, m, batch, shadows);
+}
+
 /* hand_over(mailbox_off, model_off, batch) -> how many were handed over. batch: the
  * Pendings a scheduler gave for an idle instance (stamp_batch). Assigned to the
  * mailbox (shms_mailbox_assign, which wakes a sleeping worker); none left: nothing is
@@ -374,12 +385,9 @@ static PyObject *batcher_hand_over(BatcherCore *self, PyObject *args) {
   unsigned long long mb_off, model_off;
   PyObject *batch;
   if (!PyArg_ParseTuple(args, "KKO!", &mb_off, &model_off, &PyList_Type, &batch)) return NULL;
-  shms_mailbox *mb = (shms_mailbox *)shms_py_at(self->server, mb_off, sizeof(shms_mailbox), 8);
-  shms_model_entry *m =
-      (shms_model_entry *)shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8);
-  if (!mb || !m) return NULL;
+  shms_mailbox *mb;
   uint32_t shadows[SHMS_MAX_BATCH_REQUESTS];
-  Py_ssize_t n = stamp_batch(self, m, batch, shadows);
+  Py_ssize_t n = stamp_for(self, mb_off, model_off, batch, &mb, shadows);
   if (n < 0) return NULL;
   /* SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the worker's
    * doorbell_wait on its mailbox state; what the caller stored before (ticket,
@@ -398,12 +406,9 @@ static PyObject *batcher_place(BatcherCore *self, PyObject *args) {
   int append;
   if (!PyArg_ParseTuple(args, "KKO!p", &mb_off, &model_off, &PyList_Type, &batch, &append))
     return NULL;
-  shms_mailbox *mb = (shms_mailbox *)shms_py_at(self->server, mb_off, sizeof(shms_mailbox), 8);
-  shms_model_entry *m =
-      (shms_model_entry *)shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8);
-  if (!mb || !m) return NULL;
+  shms_mailbox *mb;
   uint32_t shadows[SHMS_MAX_BATCH_REQUESTS];
-  Py_ssize_t n = stamp_batch(self, m, batch, shadows);
+  Py_ssize_t n = stamp_for(self, mb_off, model_off, batch, &mb, shadows);
   if (n < 0) return NULL;
   int where = n ? shms_mailbox_put(mb, shadows, (uint32_t)n, append) : 0;
   if (where < 0)
