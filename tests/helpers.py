@@ -33,6 +33,33 @@ DTYPES = ["BOOL", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32"
 
 # ---------------------------------------------------------------- model repositories
 
+def server_segment_with_one_model(n_clients: int, slots: int, n_workers: int,
+                                  max_batch: int = 8):
+    """An in-process server segment (no server) whose model 0, "m", batched and READY,
+    maps IN [4] to OUT [4], FP32, with n_workers instances: (layout, mmap, Mapping)."""
+    import mmap
+    import types
+
+    from shmserve import _core
+    from shmserve.server.coordinator import Coordinator
+    from shmserve.server.repository import ModelSpec, TensorSpec
+    from shmserve.server.segments import ServerLayout
+
+    fp32 = int(P.DataType.FP32)
+    layout = ServerLayout(n_clients, slots, 1, n_workers)
+    mm = mmap.mmap(-1, layout.size)
+    srv = _core.Mapping(mm)
+    srv.init_server(n_clients, slots, 1, n_workers)
+    spec = ModelSpec(name="m", version=1, backend="python", path="", max_batch_size=max_batch,
+                     inputs=(TensorSpec("IN", fp32, (4,)),), outputs=(TensorSpec("OUT", fp32, (4,)),),
+                     instance_count=n_workers, dynamic_batching=True, preferred_batch_sizes=(),
+                     max_queue_delay_us=0, parameters={}, config_text="")
+    owner = types.SimpleNamespace(layout=layout, server=types.SimpleNamespace(ops=srv))
+    Coordinator.write_model_entry(owner, 0, spec)
+    srv.store32(layout.model(0) + L["model.ready"], 1)
+    return layout, mm, srv
+
+
 def write_model(repo: Path, name: str, config: str, code: str | None = None,
                 versions=(1,)) -> Path:
     """A python-backend model: <repo>/<name>/config.pbtxt and <v>/model.py."""

@@ -4,16 +4,15 @@ each caller gets back, and the statistics it records."""
 from __future__ import annotations
 
 import mmap
-import types
 
 import numpy as np
 import pytest
 
 from shmserve import _core
 from shmserve.protocol import LAYOUT as L, DataType, MailboxState, Status, Timestamp
-from shmserve.server.coordinator import Coordinator
-from shmserve.server.repository import ModelSpec, TensorSpec
-from shmserve.server.segments import ArenaLayout, ServerLayout
+from shmserve.server.segments import ArenaLayout
+
+from helpers import server_segment_with_one_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,18 +25,8 @@ class Rig:
     mailbox, and an arena per client, each with a live lease."""
 
     def __init__(self, n_clients: int = 2, max_batch: int = 8):
-        self.slay = ServerLayout(n_clients, SLOTS, 1, 1)
-        self.smm = mmap.mmap(-1, self.slay.size)
-        self.srv = _core.Mapping(self.smm)
-        self.srv.init_server(n_clients, SLOTS, 1, 1)
-        spec = ModelSpec(name="m", version=1, backend="python", path="", max_batch_size=max_batch,
-                         inputs=(TensorSpec("IN", FP32, (4,)),),
-                         outputs=(TensorSpec("OUT", FP32, (4,)),), instance_count=1,
-                         dynamic_batching=True, preferred_batch_sizes=(), max_queue_delay_us=0,
-                         parameters={}, config_text="")
-        owner = types.SimpleNamespace(layout=self.slay, server=types.SimpleNamespace(ops=self.srv))
-        Coordinator.write_model_entry(owner, 0, spec)
-        self.srv.store32(self.slay.model(0) + L["model.ready"], 1)
+        self.slay, self.smm, self.srv = server_segment_with_one_model(n_clients, SLOTS, 1,
+                                                                      max_batch)
         self.alay = ArenaLayout.for_data(SLOTS, 1 << 16)
         self.arenas, self.mapped, self.gens = [], {}, [0] * (SLOTS * n_clients)
         for c in range(n_clients):

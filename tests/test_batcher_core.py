@@ -14,12 +14,11 @@ import pytest
 from shmserve import _core
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L, DataType, Duration, MailboxState, Status, Timestamp
-from shmserve.server.coordinator import Coordinator
 from shmserve.server.intake import STOP_ENTRY, STOP_INVALID
-from shmserve.server.repository import ModelSpec, TensorSpec
 from shmserve.server.scheduling import Pending
-from shmserve.server.segments import (ArenaLayout, ServerLayout, control_ring_offset, control_size,
-                                      init_control)
+from shmserve.server.segments import ArenaLayout, control_ring_offset, control_size, init_control
+
+from helpers import server_segment_with_one_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,18 +38,7 @@ class Rig:
         self.ctl = _core.Mapping(self.cmm)
         init_control(self.ctl, RING, os.getpid())
         self.ring = P.Ring(self.ctl)
-        self.slay = ServerLayout(n_clients, SLOTS, 1, 2)
-        self.smm = mmap.mmap(-1, self.slay.size)
-        self.srv = _core.Mapping(self.smm)
-        self.srv.init_server(n_clients, SLOTS, 1, 2)
-        spec = ModelSpec(name="m", version=1, backend="python", path="", max_batch_size=8,
-                         inputs=(TensorSpec("IN", FP32, (4,)),),
-                         outputs=(TensorSpec("OUT", FP32, (4,)),), instance_count=2,
-                         dynamic_batching=True, preferred_batch_sizes=(), max_queue_delay_us=0,
-                         parameters={}, config_text="")
-        owner = types.SimpleNamespace(layout=self.slay, server=types.SimpleNamespace(ops=self.srv))
-        Coordinator.write_model_entry(owner, 0, spec)
-        self.srv.store32(self.slay.model(0) + L["model.ready"], 1)
+        self.slay, self.smm, self.srv = server_segment_with_one_model(n_clients, SLOTS, 2)
         self.alay = ArenaLayout.for_data(SLOTS, 1 << 16)
         self.mms, self.arenas, self.gens = [], {}, {}
         for c in range(n_clients):
@@ -263,3 +251,86 @@ def test_arguments_out_of_range_are_refused(rig):
         rig.core.set_direct(0, [rig.slay.size])  # past the server segment
     with pytest.raises(ValueError):
         rig.core.hand_over(rig.mailboxes[0], rig.slay.model(0), [None] * 1000)
+
+
+# -- two batches deep: place() and the worker's mailbox_finish() -----------------------
+
+
+def queued(rig, n: int, client: int = 0) -> list:
+    """n requests of one client taken and queued (no direct path)."""
+    for slot in range(n):
+        rig.submit(client, slot)
+    items, stop = rig.drain()
+    assert stop is None and len(items) == n
+    return [p for _, p, _ in items]
+
+
+def next_batch(rig, mb: int) -> list[int]:
+    n = rig.srv.load32(mb + L["mailbox.next_n"])
+    return [rig.srv.load32(mb + L["mailbox.next_shadow"] + 4 * i) for i in range(n)]
+
+
+def test_place_on_an_idle_instance_assigns_its_batch(rig):
+    a, b = queued(rig, 2)
+    mb = rig.mailboxes[0]
+    assert rig.core.place(mb, rig.slay.model(0), [a, b], False) == (2, 0)
+    assert rig.state(mb) == MailboxState.ASSIGNED
+    assert rig.assigned(mb) == [a.shadow, b.shadow]
+    assert rig.queue_waits() == 2
+
+
+def test_a_busy_instance_gets_a_next_batch_which_may_grow_until_taken(rig):
+    a, b, c = queued(rig, 3)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    assert rig.core.hand_over(mb, model, [a]) == 1
+    assert rig.core.place(mb, model, [b], False) == (1, 1)
+    assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
+    assert rig.core.place(mb, model, [c], True) == (1, 2)
+    assert next_batch(rig, mb) == [b.shadow, c.shadow]
+    assert rig.assigned(mb) == [a.shadow]  # the batch running is untouched
+    # the worker is done with a: the next batch is its batch now, to run at once
+    assert rig.srv.mailbox_finish(mb) is True
+    assert rig.state(mb) == MailboxState.ASSIGNED
+    assert rig.assigned(mb) == [b.shadow, c.shadow]
+    assert rig.srv.mailbox_next(mb) == []
+    assert rig.srv.mailbox_finish(mb) is False
+    assert rig.state(mb) == MailboxState.IDLE
+
+
+def test_a_join_that_finds_the_next_batch_taken_becomes_the_next_batch(rig):
+    a, b, c = queued(rig, 3)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    assert rig.srv.mailbox_finish(mb) is True  # the worker took b meanwhile
+    assert rig.core.place(mb, model, [c], True) == (1, 1)
+    assert next_batch(rig, mb) == [c.shadow] and rig.assigned(mb) == [b.shadow]
+    rig.srv.mailbox_finish(mb)
+    rig.srv.mailbox_finish(mb)  # and c ran too
+    assert rig.core.place(mb, model, [a], True) == (1, 0)  # idle now: its batch
+
+
+def test_place_refuses_a_next_batch_it_did_not_know_of(rig):
+    a, b, c = queued(rig, 3)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    with pytest.raises(RuntimeError, match="next batch"):
+        rig.core.place(mb, model, [c], False)
+    assert next_batch(rig, mb) == [b.shadow]
+
+
+@pytest.mark.parametrize("died", ["worker promoting", "batcher editing"])
+def test_a_move_a_dead_process_left_half_done_is_finished_by_its_successor(rig, died):
+    a, b = queued(rig, 2)
+    mb, model = rig.mailboxes[0], rig.slay.model(0)
+    rig.core.hand_over(mb, model, [a])
+    rig.core.place(mb, model, [b], False)
+    state = MailboxState.PROMOTING if died == "worker promoting" else MailboxState.EDITING
+    rig.srv.store32(mb + L["mailbox.state"], state)
+    # a restarted batcher counts the next batch as assigned (and repairs an append)
+    assert rig.srv.mailbox_next(mb) == [b.shadow]
+    if died == "batcher editing":
+        assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
+    assert rig.srv.mailbox_finish(mb) is True  # a restarted worker moves it in place
+    assert rig.assigned(mb) == [b.shadow] and rig.state(mb) == MailboxState.ASSIGNED

@@ -47,7 +47,7 @@ PINNED = {
     "client_entry.size": 88,
     "tensor_spec.size": 136,
     "shadow.size": 32 + 64 + 2 * 16 * 96,
-    "mailbox.size": 72 + 4 * 256,
+    "mailbox.size": 80 + 8 * 256,  # two batches deep: shadow[] and next_shadow[]
     "server.size": 112,
     "MAX_TENSORS": 16,
     "MAX_DIMS": 8,

@@ -330,49 +330,91 @@ static int pending_u64(PyObject *p, PyObject *name, unsigned long long *out) {
   return *out == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* hand_over(mailbox_off, model_off, batch) -> how many were handed over. batch: the
- * Pendings a scheduler gave; those whose lease ended while queued (arena unmapped:
- * Segment.ops None) are left out. Each is stamped BATCHED, its queue time recorded in
- * the model's statistics, and the batch assigned to the mailbox (shms_mailbox_assign,
- * which wakes a sleeping worker). None left: nothing is assigned. */
-static PyObject *batcher_hand_over(BatcherCore *self, PyObject *args) {
-  unsigned long long mb_off, model_off;
-  PyObject *batch;
-  if (!PyArg_ParseTuple(args, "KKO!", &mb_off, &model_off, &PyList_Type, &batch)) return NULL;
-  shms_mailbox *mb = (shms_mailbox *)shms_py_at(self->server, mb_off, sizeof(shms_mailbox), 8);
-  shms_model_entry *m =
-      (shms_model_entry *)shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8);
-  if (!mb || !m) return NULL;
-  Py_ssize_t size = PyList_GET_SIZE(batch);
-  if (size > SHMS_MAX_BATCH_REQUESTS)
-    return PyErr_Format(PyExc_ValueError, "a batch holds at most %d requests, not %zd",
-                        SHMS_MAX_BATCH_REQUESTS, size);
-  uint32_t shadows[SHMS_MAX_BATCH_REQUESTS], n = 0;
+/* The shadows of a batch's Pendings, each stamped BATCHED with its queue time recorded
+ * in the model's statistics; those whose lease ended while queued (arena unmapped:
+ * Segment.ops None) are left out. Returns how many, or -1 with an exception. */
+static Py_ssize_t stamp_batch(BatcherCore *self, shms_model_entry *m, PyObject *batch,
+                              uint32_t shadows[SHMS_MAX_BATCH_REQUESTS]) {
+  Py_ssize_t size = PyList_GET_SIZE(batch), n = 0;
+  if (size > SHMS_MAX_BATCH_REQUESTS) {
+    PyErr_Format(PyExc_ValueError, "a batch holds at most %d requests, not %zd",
+                 SHMS_MAX_BATCH_REQUESTS, size);
+    return -1;
+  }
   uint64_t now = shms_now_ns();
   for (Py_ssize_t i = 0; i < size; i++) {
     PyObject *p = PyList_GET_ITEM(batch, i);
     PyObject *arena = PyObject_GetAttr(p, s_arena);
     PyObject *ops = arena ? PyObject_GetAttr(arena, s_ops) : NULL;
     Py_XDECREF(arena);
-    if (!ops) return NULL;
+    if (!ops) return -1;
     Py_DECREF(ops); /* the Segment holds it */
     if (ops == Py_None) continue; /* its lease ended while queued: nobody to answer */
-    if (Py_TYPE(ops) != &MappingType)
-      return PyErr_Format(PyExc_TypeError, "Pending.arena.ops is not a Mapping");
+    if (Py_TYPE(ops) != &MappingType) {
+      PyErr_SetString(PyExc_TypeError, "Pending.arena.ops is not a Mapping");
+      return -1;
+    }
     unsigned long long shadow, slot_off, arrived;
     if (pending_u64(p, s_shadow, &shadow) < 0 || pending_u64(p, s_slot_off, &slot_off) < 0 ||
         pending_u64(p, s_arrived_ns, &arrived) < 0)
-      return NULL;
+      return -1;
     shms_slot *s = (shms_slot *)shms_py_at((Mapping *)ops, slot_off, sizeof(shms_slot), 8);
-    if (!s) return NULL;
+    if (!s) return -1;
     batched(s, m, arrived, now);
     shadows[n++] = (uint32_t)shadow;
   }
+  return n;
+}
+
+/* stamp_batch for the model entry at model_off, and the mailbox at mb_off (*mb). */
+static Py_ssize_t stamp_for(BatcherCore *self, unsigned long long mb_off,
+                            unsigned long long model_off, PyObject *batch, shms_mailbox **mb,
+                            uint32_t shadows[SHMS_MAX_BATCH_REQUESTS]) {
+  *mb = (shms_mailbox *)shms_py_at(self->server, mb_off, sizeof(shms_mailbox), 8);
+  shms_model_entry *m =
+      (shms_model_entry *)shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8);
+  if (!*mb || !m) return -1;
+  return stamp_batch(self, m, batch, shadows);
+}
+
+/* hand_over(mailbox_off, model_off, batch) -> how many were handed over. batch: the
+ * Pendings a scheduler gave for an idle instance (stamp_batch). Assigned to the
+ * mailbox (shms_mailbox_assign, which wakes a sleeping worker); none left: nothing is
+ * assigned. */
+static PyObject *batcher_hand_over(BatcherCore *self, PyObject *args) {
+  unsigned long long mb_off, model_off;
+  PyObject *batch;
+  if (!PyArg_ParseTuple(args, "KKO!", &mb_off, &model_off, &PyList_Type, &batch)) return NULL;
+  shms_mailbox *mb;
+  uint32_t shadows[SHMS_MAX_BATCH_REQUESTS];
+  Py_ssize_t n = stamp_for(self, mb_off, model_off, batch, &mb, shadows);
+  if (n < 0) return NULL;
   /* SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the worker's
    * doorbell_wait on its mailbox state; what the caller stored before (ticket,
    * sequence slots) is visible to the worker with it. */
-  if (n) shms_mailbox_assign(mb, shadows, n);
-  return PyLong_FromUnsignedLong(n);
+  if (n) shms_mailbox_assign(mb, shadows, (uint32_t)n);
+  return PyLong_FromSsize_t(n);
+}
+
+/* place(mailbox_off, model_off, batch, append) -> (n, where): hand_over for an
+ * instance that may be busy (shms_mailbox_put): where is 0 (it was idle: its batch),
+ * 1 (its next batch) or 2 (joined the next batch there, append true); n as
+ * hand_over's (where is 0 and nothing happened when n is 0). */
+static PyObject *batcher_place(BatcherCore *self, PyObject *args) {
+  unsigned long long mb_off, model_off;
+  PyObject *batch;
+  int append;
+  if (!PyArg_ParseTuple(args, "KKO!p", &mb_off, &model_off, &PyList_Type, &batch, &append))
+    return NULL;
+  shms_mailbox *mb;
+  uint32_t shadows[SHMS_MAX_BATCH_REQUESTS];
+  Py_ssize_t n = stamp_for(self, mb_off, model_off, batch, &mb, shadows);
+  if (n < 0) return NULL;
+  int where = n ? shms_mailbox_put(mb, shadows, (uint32_t)n, append) : 0;
+  if (where < 0)
+    return PyErr_Format(PyExc_RuntimeError, "mailbox at %llu: no room for %zd requests %s",
+                        mb_off, n, append ? "in its next batch" : "(it holds a next batch)");
+  return Py_BuildValue("(ni)", n, where);
 }
 
 static PyMethodDef batcher_methods[] = {
@@ -383,6 +425,9 @@ static PyMethodDef batcher_methods[] = {
      "set_direct(model_id, mailboxes or None): lone requests skip the scheduler."},
     {"hand_over", (PyCFunction)batcher_hand_over, METH_VARARGS,
      "hand_over(mailbox_off, model_off, batch) -> n: stamp, record and assign a batch."},
+    {"place", (PyCFunction)batcher_place, METH_VARARGS,
+     "place(mailbox_off, model_off, batch, append) -> (n, where): hand_over to an instance "
+     "that may be busy: its batch (0), its next batch (1), joined to its next batch (2)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -189,7 +189,14 @@ using namespace shms_detail;
 #define SHMS_CLIENT_STATE_LIST(X)                                                     \
   X(SHMS_CLIENT_FREE, FREE, 0) X(SHMS_CLIENT_ALIVE, ALIVE, 1) X(SHMS_CLIENT_DEAD, DEAD, 2)
 
-#define SHMS_MAILBOX_STATE_LIST(X) X(SHMS_MAILBOX_IDLE, IDLE, 0) X(SHMS_MAILBOX_ASSIGNED, ASSIGNED, 1)
+/* A mailbox holds the batch its worker runs and, while it runs, may hold the next
+ * (the overlap of docs/architecture.md, "Two batches deep"): ASSIGNED_NEXT. Its next
+ * batch is written only by whoever holds it EDITING (the batcher, appending) or
+ * PROMOTING (the worker, moving it into place); shms_slot.h has the procedures. */
+#define SHMS_MAILBOX_STATE_LIST(X)                                                    \
+  X(SHMS_MAILBOX_IDLE, IDLE, 0) X(SHMS_MAILBOX_ASSIGNED, ASSIGNED, 1)                 \
+  X(SHMS_MAILBOX_ASSIGNED_NEXT, ASSIGNED_NEXT, 2) X(SHMS_MAILBOX_EDITING, EDITING, 3) \
+  X(SHMS_MAILBOX_PROMOTING, PROMOTING, 4)
 
 /* Where a tensor's bytes live (shms_tensor_ref.memory_kind). CUDA_IPC: device
  * memory, named by the shms_cuda_ipc record that `offset` points at in the caller's
@@ -454,7 +461,7 @@ typedef struct shms_shadow {
 
 /* The batcher hands one batch at a time to each worker through its mailbox. */
 typedef struct shms_mailbox {
-  SHMS_ATOMIC(uint32_t) state; /* futex: enum shms_mailbox_state, IDLE <-> ASSIGNED */
+  SHMS_ATOMIC(uint32_t) state; /* futex: enum shms_mailbox_state */
   SHMS_ATOMIC(uint32_t) worker_sleeping;
   SHMS_ATOMIC(uint32_t) order_waiting; /* worker: may sleep on its model's answer_turn */
   uint32_t n;   /* requests in shadow[], written before state becomes ASSIGNED */
@@ -466,6 +473,9 @@ typedef struct shms_mailbox {
   SHMS_ATOMIC(uint64_t) wakeups[3]; /* worker: its waits by enum shms_wake */
   SHMS_ATOMIC(uint64_t) executions; /* worker: batches this instance ran */
   uint32_t shadow[SHMS_MAX_BATCH_REQUESTS]; /* indices into the shadow table */
+  uint32_t next_n;      /* requests in next_shadow[]: the batch waiting (ASSIGNED_NEXT) */
+  uint32_t reserved3;
+  uint32_t next_shadow[SHMS_MAX_BATCH_REQUESTS];
 } shms_mailbox;
 
 typedef struct shms_server_header {
@@ -516,7 +526,7 @@ SHMS_STATIC_ASSERT(offsetof(shms_arena_header, completions) == 64, "completions 
 SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 32 + sizeof(shms_request), "shms_shadow size");
-SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 72 + 4 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
+SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 80 + 8 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
 SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size");
 SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
 #endif
@@ -604,7 +614,8 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(mailbox, shms_mailbox, batcher_waiting) F(mailbox, shms_mailbox, attempt)           \
   F(mailbox, shms_mailbox, ticket) F(mailbox, shms_mailbox, order_waiting)              \
   F(mailbox, shms_mailbox, wakeups) F(mailbox, shms_mailbox, executions)                \
-  F(mailbox, shms_mailbox, shadow)                                                      \
+  F(mailbox, shms_mailbox, shadow) F(mailbox, shms_mailbox, next_n)                    \
+  F(mailbox, shms_mailbox, next_shadow)                                                 \
   S(server, shms_server_header)                                                         \
   F(server, shms_server_header, magic) F(server, shms_server_header, version)           \
   F(server, shms_server_header, max_clients)                                            \

@@ -267,6 +267,87 @@ static inline void shms_mailbox_assign(shms_mailbox *mb, const uint32_t *shadows
   if (shms_load(&mb->worker_sleeping, memory_order_seq_cst)) shms_futex_wake(&mb->state, 1);
 }
 
+/* Two batches deep (docs/architecture.md): while a worker runs its batch, the batcher
+ * may give it the next (ASSIGNED_NEXT) and add requests to that one until the worker
+ * takes it (EDITING, held by the batcher for the append); the worker moves it into
+ * place when done (PROMOTING, held by the worker). Only the batcher leaves IDLE or
+ * ASSIGNED for a busier state; only the worker goes back. */
+
+/* Worker, holding PROMOTING: the next batch becomes its batch. next_n is left as it is,
+ * so that a successor of a worker that died here can do it again. */
+static inline void shms_mailbox_promote(shms_mailbox *mb) {
+  uint32_t n = mb->next_n < SHMS_MAX_BATCH_REQUESTS ? mb->next_n : SHMS_MAX_BATCH_REQUESTS;
+  memcpy(mb->shadow, mb->next_shadow, sizeof(uint32_t) * n);
+  mb->n = n;
+  mb->attempt = 0;
+  mb->ticket = 0;
+  /* SYNC POINT: the seq_cst store of ASSIGNED pairs with the batcher's loads of the
+   * state (shms_mailbox_put, dispatch): the next batch's area is free again. */
+  shms_store(&mb->state, (uint32_t)SHMS_MAILBOX_ASSIGNED, memory_order_seq_cst);
+}
+
+/* Batcher: places a batch with a worker that may be busy. append: the batcher saw a
+ * next batch there, which these requests join (same shape key, room checked). Returns
+ * 0: the mailbox was idle and this is its batch (shms_mailbox_assign, which wakes the
+ * worker); 1: this is its next batch; 2: joined the next batch; -1: not placed (a
+ * next batch the caller did not know of, or no room: the caller's bug). */
+static inline int shms_mailbox_put(shms_mailbox *mb, const uint32_t *shadows, uint32_t n,
+                                   int append) {
+  if (n > SHMS_MAX_BATCH_REQUESTS) return -1;
+  for (;;) {
+    uint32_t seen = shms_load(&mb->state, memory_order_seq_cst);
+    if (seen == SHMS_MAILBOX_IDLE) {
+      shms_mailbox_assign(mb, shadows, n);
+      return 0;
+    }
+    if (seen == SHMS_MAILBOX_ASSIGNED) {
+      memcpy(mb->next_shadow, shadows, sizeof(uint32_t) * n);
+      mb->next_n = n;
+      /* SYNC POINT: the CAS pairs with the worker's CAS in shms_mailbox_finish: either
+       * the worker sees the next batch, or we see it idle and assign. */
+      if (shms_cas(&mb->state, &seen, (uint32_t)SHMS_MAILBOX_ASSIGNED_NEXT)) return 1;
+      continue;
+    }
+    if (seen == SHMS_MAILBOX_ASSIGNED_NEXT) {
+      if (!append) return -1;
+      if (!shms_cas(&mb->state, &seen, (uint32_t)SHMS_MAILBOX_EDITING)) continue;
+      uint32_t have = mb->next_n;
+      int placed = have + n <= SHMS_MAX_BATCH_REQUESTS;
+      if (placed) {
+        memcpy(mb->next_shadow + have, shadows, sizeof(uint32_t) * n);
+        mb->next_n = have + n;
+      }
+      shms_store(&mb->state, (uint32_t)SHMS_MAILBOX_ASSIGNED_NEXT, memory_order_seq_cst);
+      return placed ? 2 : -1;
+    }
+    /* PROMOTING: the worker is moving the next batch into place (a few stores; a
+     * successor repeats it if the worker died there). EDITING here is a batcher that
+     * died mid-append (this one's recovery repairs it before serving). */
+    sched_yield();
+  }
+}
+
+/* Worker: its batch is done. Returns 1 when a next batch waited and is now its batch
+ * (run it at once), 0 when the mailbox went IDLE. */
+static inline int shms_mailbox_finish(shms_mailbox *mb) {
+  for (;;) {
+    uint32_t seen = SHMS_MAILBOX_ASSIGNED;
+    /* SYNC POINT: pairs with the batcher's CAS in shms_mailbox_put, and the store of
+     * IDLE with its seq_cst loads of the state (dispatch). */
+    if (shms_cas(&mb->state, &seen, (uint32_t)SHMS_MAILBOX_IDLE) ||
+        seen == SHMS_MAILBOX_IDLE)
+      return 0;
+    if (seen == SHMS_MAILBOX_ASSIGNED_NEXT &&
+        !shms_cas(&mb->state, &seen, (uint32_t)SHMS_MAILBOX_PROMOTING))
+      continue;
+    if (seen == SHMS_MAILBOX_ASSIGNED_NEXT || seen == SHMS_MAILBOX_PROMOTING) {
+      shms_mailbox_promote(mb); /* PROMOTING seen: a predecessor died promoting */
+      return 1;
+    }
+    sched_yield(); /* EDITING: the batcher is adding requests to the next batch */
+  }
+}
+
 /* Worker: the shadow indices of the batch in its mailbox (at most
  * SHMS_MAX_BATCH_REQUESTS, whatever n says). */
 static inline uint32_t shms_mailbox_batch(const shms_mailbox *mb, const uint32_t **shadows) {

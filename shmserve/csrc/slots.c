@@ -604,6 +604,36 @@ static PyObject *m_mailbox_batch(Mapping *self, PyObject *arg) {
   return out;
 }
 
+/* Worker: mailbox_finish(mailbox_off) -> True when the next batch waiting became the
+ * mailbox's batch (run it now), False when the mailbox went IDLE. */
+static PyObject *m_mailbox_finish(Mapping *self, PyObject *arg) {
+  shms_mailbox *mb = mailbox_at(self, PyLong_AsUnsignedLongLong(arg));
+  if (!mb) return NULL;
+  int promoted;
+  Py_BEGIN_ALLOW_THREADS /* it may yield while the batcher appends */
+  promoted = shms_mailbox_finish(mb);
+  Py_END_ALLOW_THREADS
+  return PyBool_FromLong(promoted);
+}
+
+/* Batcher's recovery: mailbox_next(mailbox_off) -> [shadow index...] of the next batch
+ * a mailbox holds ([] when none), after repairing an append its predecessor died in
+ * (EDITING -> ASSIGNED_NEXT: next_n counts only the requests it finished adding). */
+static PyObject *m_mailbox_next(Mapping *self, PyObject *arg) {
+  shms_mailbox *mb = mailbox_at(self, PyLong_AsUnsignedLongLong(arg));
+  if (!mb) return NULL;
+  uint32_t editing = SHMS_MAILBOX_EDITING;
+  shms_cas(&mb->state, &editing, (uint32_t)SHMS_MAILBOX_ASSIGNED_NEXT);
+  uint32_t state = shms_load(&mb->state, memory_order_seq_cst);
+  uint32_t n = state == SHMS_MAILBOX_ASSIGNED_NEXT || state == SHMS_MAILBOX_PROMOTING
+                   ? (mb->next_n < SHMS_MAX_BATCH_REQUESTS ? mb->next_n : SHMS_MAX_BATCH_REQUESTS)
+                   : 0;
+  PyObject *out = PyList_New(n);
+  for (uint32_t i = 0; out && i < n; i++)
+    PyList_SET_ITEM(out, i, PyLong_FromUnsignedLong(mb->next_shadow[i]));
+  return out;
+}
+
 PyMethodDef shms_py_slot_methods[] = {
     {"check_header", (PyCFunction)m_check_header, METH_O,
      "Raise ValueError unless this is a 'control', 'arena' or 'server' segment of this version."},
@@ -634,4 +664,8 @@ PyMethodDef shms_py_slot_methods[] = {
     {"cancel", (PyCFunction)m_cancel, METH_O, "Client: ask a stream's model to stop."},
     {"mailbox_assign", (PyCFunction)m_mailbox_assign, METH_VARARGS, "Batcher: hand a batch over."},
     {"mailbox_batch", (PyCFunction)m_mailbox_batch, METH_O, "Worker: the batch in a mailbox."},
+    {"mailbox_finish", (PyCFunction)m_mailbox_finish, METH_O,
+     "Worker: batch done; True when the next batch waiting is now the mailbox's."},
+    {"mailbox_next", (PyCFunction)m_mailbox_next, METH_O,
+     "Batcher's recovery: the next batch a mailbox holds (repairs a dead batcher's append)."},
     {NULL}};

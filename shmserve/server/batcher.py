@@ -48,6 +48,10 @@ class Model:
     # Its policy sends a lone request at once: while its queue is empty, the C intake
     # hands such requests over itself (BatcherCore.set_direct, Batcher.direct).
     direct_ok: bool = False
+    # Two batches deep (fill_next): a busy instance may hold its next batch; by
+    # instance position, the requests we last saw in its next batch (None: none).
+    overlap: bool = False
+    next: list = dataclasses.field(default_factory=list)
 
 
 class Batcher:
@@ -116,6 +120,8 @@ class Batcher:
                               for w in m.workers])
         m.direct_ok = (scheduler.sends_lone_request_at_once() and not m.pinned
                        and not spec.preserve_ordering)
+        m.overlap = spec.overlap and not m.pinned and not spec.preserve_ordering
+        m.next = [None] * len(m.workers)
         self.models.append(m)
         self.schedulers[m.model_id] = m.scheduler
         self.set_direct(m, m.direct_ok and not m.draining)
@@ -207,6 +213,9 @@ class Batcher:
                     # An idle instance takes it by the deadline; with none, the policy
                     # waits for an event, a worker going idle among them.
                     waiting_for_more = wait_until is not None
+            if m.overlap and len(s) and not waiting_for_more:
+                # every live instance is busy now: give each its next batch
+                deadline = earliest(deadline, self.fill_next(m, now))
             if len(s) != m.pending:  # nv_inference_pending_request_count
                 m.pending = len(s)
                 srv.set_pending(m.offset, m.pending)
@@ -226,13 +235,49 @@ class Batcher:
             self.finish_drains()
         return deadline
 
+    def fill_next(self, m: Model, now: int) -> int | None:
+        """Two batches deep: a busy instance's next batch waits in its mailbox and
+        starts when the one it runs is done (shms_mailbox_finish), without waiting for
+        us to wake. An instance without one gets what the policy would send now; one
+        with one gets the requests that may join it (Scheduler.join), as Triton adds
+        requests to a batch until it executes. Returns the policy's deadline when it
+        holds requests back."""
+        srv, s = self.maps.srv, m.scheduler
+        free = []  # positions of instances running a batch, with no next batch
+        for i, mb in enumerate(m.mailboxes):
+            state = srv.load32(mb + STATE)
+            if state == MailboxState.ASSIGNED_NEXT and m.next[i] is not None:
+                extra = s.join(m.next[i], now) if len(s) else []
+                if extra:
+                    s.left(extra)
+                    n, where = self.core.place(mb, m.offset, extra, True)
+                    m.next[i] = (m.next[i] + extra if where == 2 else extra if where == 1
+                                 else None)
+                continue
+            m.next[i] = None  # taken by its worker, or never there
+            pid = srv.load32(mb + PID)
+            if state == MailboxState.ASSIGNED and pid and pid != MAILBOX_RETIRED:
+                free.append(i)
+        if not free or not len(s):
+            return None
+        batches, wait_until = s.next_batches(now, len(free))
+        for i, batch in zip(free, batches):
+            s.left(batch)
+            n, where = self.core.place(m.mailboxes[i], m.offset, batch, False)
+            m.next[i] = batch if where == 1 else None
+        return wait_until if len(batches) < len(free) else None
+
     def fail_retired_batches(self) -> None:
         """Answers the batch a retired (crash-looped) instance left in its mailbox: it
         has nobody else to answer it. The coordinator rings us when it retires one."""
         srv = self.maps.srv
         for m in self.models:
             for w, mb in zip(m.workers, m.mailboxes):
-                if srv.load32(mb + PID) == MAILBOX_RETIRED:
+                # its batch, then the next batch waiting behind it (two batches deep)
+                while (srv.load32(mb + PID) == MAILBOX_RETIRED
+                       and srv.load32(mb + STATE) != MailboxState.IDLE):
+                    if srv.load32(mb + STATE) == MailboxState.PROMOTING:
+                        srv.mailbox_finish(mb)  # it died moving the next batch in place
                     self.maps.fail_batch(w, m.model_id, f"model '{m.spec.name}': the instance "
                                          "executing this request crash-looped and was retired")
 
@@ -250,6 +295,8 @@ class Batcher:
         """Gives a batch to the instance at position `instance` of q.workers."""
         q.scheduler.left(batch)
         mb = q.mailboxes[instance]
+        if q.overlap:
+            q.next[instance] = None
         if q.pinned or q.spec.preserve_ordering:
             # A request whose lease ended while queued has no arena any more (unmapped).
             batch = [p for p in batch if p.arena.ops is not None]

@@ -215,7 +215,7 @@ class ControlPlane:
             loaded = entry.state == "READY"
             state = ("RETIRED" if child.retired
                      else ("RESTARTING" if loaded else "UNAVAILABLE") if pid is None
-                     else "BUSY" if srv.load32(mb + L["mailbox.state"]) == P.MailboxState.ASSIGNED
+                     else "BUSY" if srv.load32(mb + L["mailbox.state"]) != P.MailboxState.IDLE
                      else "IDLE" if loaded else "LOADING")
             rows.append({"instance": n, "pid": pid, "state": state, "restarts": child.restarts,
                          "executions": srv.load64(mb + L["mailbox.executions"]),

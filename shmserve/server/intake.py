@@ -283,6 +283,7 @@ class Intake:
         assigned = set()
         for w in range(layout.n_workers):
             mb = layout.mailbox(w)
+            assigned.update(srv.mailbox_next(mb))  # a next batch waiting (repaired first)
             if srv.load32(mb + L["mailbox.state"]) != MailboxState.IDLE:
                 assigned.update(srv.mailbox_batch(mb))
         recovered = self.sweep(requeue_unassigned=assigned, min_age_ns=0)

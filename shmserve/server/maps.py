@@ -120,11 +120,13 @@ class ServerMaps:
         return {(client_id, lease) for client_id, (lease, _, _) in self.arenas.items()}
 
     def fail_batch(self, worker: int, model_id: int, message: str) -> int:
-        """Answers every request in an ASSIGNED mailbox whose worker died with it
-        (UNAVAILABLE), and sets the mailbox IDLE. Returns how many were answered."""
+        """Answers every request of the batch in a mailbox whose worker died with it
+        (UNAVAILABLE), and ends that batch: the mailbox goes IDLE, or the next batch
+        waiting there becomes its batch (shms_mailbox_finish). Returns how many were
+        answered."""
         srv, mb = self.srv, self.layout.mailbox(worker)
-        if srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE:
-            return 0
+        if srv.load32(mb + L["mailbox.state"]) in (MailboxState.IDLE, MailboxState.PROMOTING):
+            return 0  # no batch, or one done and answered (the next moves in: finish)
         answered = []
         for index in srv.mailbox_batch(mb):
             shadow = self.layout.shadow_at(index)
@@ -139,9 +141,9 @@ class ServerMaps:
         ticket = srv.load64(mb + L["mailbox.ticket"]) & 0xFFFFFFFF
         if ticket:  # preserve_ordering: its turn is over, answered or not
             self.end_answer_turn(model_id, ticket)
-        # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
+        # SYNC POINT (in shms_mailbox_finish): pairs with the batcher's loads of the
         # mailbox state in dispatch(): only then may it hand this mailbox a new batch.
-        srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
+        srv.mailbox_finish(mb)
         return len(answered)
 
     # -- preserve_ordering: a model's batches answer in the order they were handed out --
@@ -157,7 +159,7 @@ class ServerMaps:
             turn = srv.load32(turn_off)
             if not _after(ticket, (turn + 1) & 0xFFFFFFFF):
                 return
-            if not any(mb != own and srv.load32(mb + state) == MailboxState.ASSIGNED
+            if not any(mb != own and srv.load32(mb + state) != MailboxState.IDLE
                        and _after(ticket, srv.load64(mb + mb_ticket) & 0xFFFFFFFF)
                        for mb in siblings):
                 return

@@ -67,6 +67,13 @@ RETRY_PARAMETER = "shmserve.retry_on_worker_crash"
 BALANCING_PARAMETER = "shmserve.instance_balancing"
 BALANCED, GREEDY = "balanced", "greedy"
 
+# Whether the batcher may give a busy instance its next batch, to start as soon as the
+# one it runs is done (docs/architecture.md, "Two batches deep"):
+#   parameters { key: "shmserve.overlap" value { string_value: "true" } }
+# Off by default (on 2 cores it did not pay); ignored with sequence batching or
+# preserve_ordering.
+OVERLAP_PARAMETER = "shmserve.overlap"
+
 # How many requests one client may hold queued for the model (scheduling/base.py):
 #   parameters { key: "shmserve.max_queued_per_client" value { string_value: "16" } }
 # Over it a request is refused BUSY; "0" turns the server's --max-queued-per-client off
@@ -101,6 +108,7 @@ class ModelSpec:
     priority_queue_policies: tuple = ()
     preserve_ordering: bool = False  # dynamic_batching.preserve_ordering
     instance_balancing: str = BALANCED  # or GREEDY (BALANCING_PARAMETER)
+    overlap: bool = False  # OVERLAP_PARAMETER: a busy instance may hold its next batch
     max_queued_per_client: int | None = None  # PER_CLIENT_PARAMETER; None: the server's flag
     warmup: tuple = ()  # model_warmup samples, as warmup.parse gives them
     sequence: dict | None = None  # sequence_batching, as sequence_config.parse gives it
@@ -193,6 +201,14 @@ class ModelSpec:
                         for t in self.outputs],
         }
 
+
+def _flag(params: dict, key: str, default: bool, where: str) -> bool:
+    """A "true"/"false" model parameter of shmserve's."""
+    text = params.get(key, str(default)).strip().lower()
+    if text not in ("true", "false"):
+        raise ConfigError(f'{where}: parameters "{key}" must be "true" or "false", '
+                          f"got {params[key]!r}")
+    return text == "true"
 
 def _tensor_from_dict(t: dict) -> TensorSpec:
     t = dict(t)
@@ -413,10 +429,8 @@ def load_model(model_dir: Path, auto_complete: bool = True,
     sequence = sequence_config.parse(cfg, model_dir, where)
     batch_inputs, batch_outputs = ragged.parse(cfg, where)
     params = {k: v.string_value for k, v in cfg.parameters.items()}
-    retry = params.get(RETRY_PARAMETER, "false").strip().lower()
-    if retry not in ("true", "false"):
-        raise ConfigError(f'{where}: parameters "{RETRY_PARAMETER}" must be "true" or "false", '
-                          f"got {params[RETRY_PARAMETER]!r}")
+    retry = _flag(params, RETRY_PARAMETER, False, where)
+    overlap = _flag(params, OVERLAP_PARAMETER, False, where)
     balancing = params.get(BALANCING_PARAMETER, BALANCED).strip().lower()
     if balancing not in (BALANCED, GREEDY):
         raise ConfigError(f'{where}: parameters "{BALANCING_PARAMETER}" must be "{BALANCED}" or '
@@ -460,13 +474,13 @@ def load_model(model_dir: Path, auto_complete: bool = True,
             dynamic_batching=dyn, preferred_batch_sizes=preferred,
             max_queue_delay_us=int(cfg.dynamic_batching.max_queue_delay_microseconds),
             parameters=params, config_text=text_format.MessageToString(cfg),
-            retry_on_worker_crash=retry == "true", max_queue_size=int(policy.max_queue_size),
+            retry_on_worker_crash=retry, max_queue_size=int(policy.max_queue_size),
             queue_timeout_us=int(policy.default_timeout_microseconds),
             queue_delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
             allow_timeout_override=bool(policy.allow_timeout_override),
             priority_levels=levels, default_priority_level=default_level,
             priority_queue_policies=level_policies, preserve_ordering=bool(dynb.preserve_ordering),
-            instance_balancing=balancing, max_queued_per_client=per_client, warmup=samples, sequence=sequence,
+            instance_balancing=balancing, overlap=overlap, max_queued_per_client=per_client, warmup=samples, sequence=sequence,
             response_cache=(cfg.response_cache.enable and sequence is None
                             and backend != ensemble.PLATFORM),
             batch_inputs=batch_inputs, batch_outputs=batch_outputs,

@@ -189,9 +189,14 @@ class Worker:
         """A predecessor that died mid-batch left its mailbox ASSIGNED. A model that
         declares retry_on_worker_crash has it run once more; otherwise, or if it
         already was (the batch may be what kills workers), its callers get an error now
-        rather than never."""
+        rather than never. A next batch waiting behind it never ran: it runs next, as
+        it would have."""
         srv, mb = self.maps.srv, self.mailbox
-        if srv.load32(mb + L["mailbox.state"]) == MailboxState.IDLE:
+        state = srv.load32(mb + L["mailbox.state"])
+        if state == MailboxState.IDLE:
+            return
+        if state == MailboxState.PROMOTING:  # it died done, moving the next batch in place
+            srv.mailbox_finish(mb)  # which we do again, and run as any batch
             return
         if self.spec.retry_on_worker_crash and srv.load32(mb + L["mailbox.attempt"]) == 0:
             srv.store32(mb + L["mailbox.attempt"], 1)
@@ -248,9 +253,10 @@ class Worker:
             ticket = srv.load64(self.mailbox + L["mailbox.ticket"]) & 0xFFFFFFFF
             if ticket:
                 self.maps.end_answer_turn(self.model_id, ticket)
-        # SYNC POINT: the seq_cst store of IDLE pairs with the batcher's load of the
-        # mailbox state in dispatch(); serve_forever then reads batcher_waiting.
-        srv.store32(self.mailbox + L["mailbox.state"], MailboxState.IDLE)
+        # SYNC POINT (in shms_mailbox_finish): IDLE, or the next batch the batcher left
+        # while we ran becomes ours (serve_forever runs it at once); pairs with the
+        # batcher's loads of the state in dispatch() and its shms_mailbox_put.
+        srv.mailbox_finish(self.mailbox)
 
     def one_plain_request(self) -> bool:
         """Whether the mailbox holds one request, asking for every output, without

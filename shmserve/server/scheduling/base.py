@@ -79,6 +79,13 @@ class Scheduler(abc.ABC):
         quiet model costs no Python. False unless a policy knows better."""
         return False
 
+    def join(self, batch: list[Pending], now_ns: int) -> list[Pending]:
+        """Requests to add to `batch`, a batch handed to a busy instance as its next
+        one and not started yet (the batcher's call; two batches deep), taken from the
+        queue: Triton adds requests to a batch until an instance executes it. This
+        default adds none (each request is its own batch)."""
+        return []
+
     @classmethod
     @abc.abstractmethod
     def applies_to(cls, spec: ModelSpec) -> bool:

@@ -73,6 +73,23 @@ class DynamicBatchScheduler(FifoQueue):
         self.take(picked)
         return picked, None
 
+    def join(self, batch: list[Pending], now_ns: int) -> list[Pending]:
+        """The later requests of the batch's shape key that fit (next_batch's rule);
+        none for a model with preferred sizes, whose cut batches are kept as cut."""
+        if self.preferred:
+            return []
+        key, rows, picked = batch[0].key, rows_of(batch), []
+        for p in self.ordered():
+            if p.key != key:
+                continue
+            if rows + p.rows > self.max_rows or len(batch) + len(picked) == MAX_BATCH_REQUESTS:
+                break
+            picked.append(p)
+            rows += p.rows
+        if picked:
+            self.take(picked)
+        return picked
+
     def next_batches(self, now_ns: int, idle: int) -> tuple[list[list[Pending]], int | None]:
         plan, deadline = super().next_batches(now_ns, idle)  # greedy: what goes now
         if self.balanced and idle > 1 and plan:
