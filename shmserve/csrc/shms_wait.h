@@ -77,13 +77,13 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
   uint64_t start = shms_now_ns(), last = start;
   if (preempted) *preempted = 0;
   for (;;) {
-    if (shms_load(word, memory_order_acquire) != seen) return 1;
     uint64_t now = shms_now_ns();
-    if ((int64_t)(now - start) >= spin_ns) break;
-    if ((int64_t)(now - last) > SHMS_SPIN_PREEMPTED_NS) {
-      if (preempted) *preempted = 1;
-      break;
-    }
+    /* judged before the word: a yield that cost a slice counts even when the word
+     * moved meanwhile (an answer arriving while a neighbour ran is the common case) */
+    int cut = (int64_t)(now - last) > SHMS_SPIN_PREEMPTED_NS;
+    if (cut && preempted) *preempted = 1;
+    if (shms_load(word, memory_order_acquire) != seen) return 1;
+    if (cut || (int64_t)(now - start) >= spin_ns) break;
     /* Yield rather than pause: on a machine with few cores the process we wait for
      * may need this very CPU. */
     sched_yield();
