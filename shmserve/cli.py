@@ -189,16 +189,11 @@ def cache_option(args) -> int:
 def cmd_serve(args) -> int:
     from .server.coordinator import ServeOptions, run
 
-    if args.sched_slice_us and not 100 <= args.sched_slice_us <= 100_000:
-        raise SystemExit(f"shmserve serve: --sched-slice-us must be 0 (the kernel's default) "
-                         f"or 100 to 100000, not {args.sched_slice_us}")
-
     return run(ServeOptions(**metrics_options(args), **trace_options(args), **http_options(args),
                             **grpc_options(args), model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
-                            max_spin_us=args.max_spin_us, sched_slice_us=args.sched_slice_us,
-                            load_timeout_s=args.load_timeout,
+                            max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
                             max_queued_per_client=args.max_queued_per_client,
                             exit_timeout_s=args.exit_timeout_secs,
@@ -583,10 +578,6 @@ def main(argv: list[str] | None = None) -> int:
                         "they sleep on a futex; 0 = sleep at once")
     s.add_argument("--max-spin-us", type=int, default=200,
                    help="longest adaptive spin, used while requests arrive that often")
-    s.add_argument("--sched-slice-us", type=int, default=100,
-                   help="time slice the batcher and workers ask of the kernel (Linux >= 6.12, "
-                        "EEVDF: 100..100000); a short one runs them sooner after a wake-up on "
-                        "a busy machine, for no more CPU; 0 = the kernel's default")
     s.add_argument("--exit-timeout-secs", type=float, default=30,
                    help="on SIGINT/SIGTERM/SIGHUP, wait this long for requests in flight (new "
                         "ones are refused meanwhile); a second signal stops at once")

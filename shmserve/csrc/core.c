@@ -7,11 +7,7 @@
  * a size, offset, constant or enum value by hand.
  */
 #include <signal.h>
-#include <sched.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "core.h"
 
@@ -219,39 +215,6 @@ static PyObject *f_set_timer_slack(PyObject *m, PyObject *arg) {
   Py_RETURN_NONE;
 }
 
-/* sched_setattr(2)'s argument (not in every libc's headers). */
-typedef struct {
-  uint32_t size, policy;
-  uint64_t flags;
-  int32_t nice;
-  uint32_t priority;
-  uint64_t runtime, deadline, period;
-  uint32_t util_min, util_max;
-} sched_attr_v1;
-
-/* set_sched_slice(ns) -> the slice in effect for the calling thread (ns; 0: this
- * kernel has no custom slices). Linux >= 6.12 (EEVDF) takes sched_runtime as the
- * slice of a SCHED_OTHER thread (0.1 to 100 ms): a shorter one runs sooner after a
- * wake-up, for no more CPU over time (waiting and CPU, docs/architecture.md). Threads
- * created later inherit it; 0 puts back the kernel's default. */
-static PyObject *f_set_sched_slice(PyObject *m, PyObject *arg) {
-  unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
-  if (PyErr_Occurred()) return NULL;
-  sched_attr_v1 a = {.size = sizeof a, .policy = SCHED_OTHER, .runtime = ns};
-  errno = 0;
-  int nice_now = getpriority(PRIO_PROCESS, 0); /* sched_setattr sets nice too: keep it */
-  if (errno) return PyErr_SetFromErrno(PyExc_OSError);
-  a.nice = nice_now;
-  if (syscall(SYS_sched_setattr, 0, &a, 0) != 0) {
-    if (errno == EINVAL || errno == ENOSYS || errno == E2BIG) return PyLong_FromLong(0);
-    return PyErr_SetFromErrno(PyExc_OSError);
-  }
-  sched_attr_v1 got = {0};
-  if (syscall(SYS_sched_getattr, 0, &got, sizeof got, 0) != 0)
-    return PyErr_SetFromErrno(PyExc_OSError);
-  return PyLong_FromUnsignedLongLong(got.runtime);
-}
-
 static PyObject *f_latency_bucket(PyObject *m, PyObject *arg) {
   unsigned long long ns = PyLong_AsUnsignedLongLong(arg);
   if (PyErr_Occurred()) return NULL;
@@ -268,8 +231,6 @@ static PyMethodDef module_methods[] = {
     {"latency_bucket", f_latency_bucket, METH_O, "Histogram bucket of a duration (shms_stats.h)."},
     {"set_parent_death_signal", f_set_parent_death_signal, METH_O,
      "prctl(PR_SET_PDEATHSIG): get this signal when the parent dies."},
-    {"set_sched_slice", f_set_sched_slice, METH_O,
-     "sched_setattr: this thread's EEVDF slice (ns); returns the slice in effect (0: none)."},
     {"set_timer_slack", f_set_timer_slack, METH_O,
      "prctl(PR_SET_TIMERSLACK, ns): how late a timed futex wait may wake (default 50 us)."},
     {NULL}};

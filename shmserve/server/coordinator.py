@@ -49,7 +49,6 @@ class ServeOptions:
     max_arena_bytes: int = 1 << 30
     spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
     max_spin_us: int = 200  # ... and up to this long when requests come that often
-    sched_slice_us: int = 100  # batcher and workers ask the kernel for this slice (0: its default)
     load_timeout_s: float = 120.0
     exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
     cuda_pools: dict = dataclasses.field(default_factory=dict)  # GPU -> bytes (devices.py)
@@ -222,7 +221,6 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
-                "sched_slice_us": self.opts.sched_slice_us,
                 "idle_check_ms": self.opts.idle_check_ms,
                 "max_queued_per_client": self.opts.max_queued_per_client,
                 "coordinator_pid": os.getpid(),

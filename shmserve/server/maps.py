@@ -207,11 +207,6 @@ def child_setup(role: str) -> dict:
         sys.exit(1)
     sys.stdin.close()
     setup_logging(LogOptions.from_dict(boot["log"]), role)
-    if boot.get("sched_slice_us"):  # before any thread starts: they inherit it
-        slice_ns = _core.set_sched_slice(boot["sched_slice_us"] * 1000)
-        logging.getLogger("shmserve").debug(
-            "%s: time slice %s", role, f"{slice_ns / 1000:.0f} us" if slice_ns else
-            "the kernel's (no custom slices before Linux 6.12)")
     if "settings" in boot:  # the logging and trace extensions' changes (settings.py)
         from .settings import start_watching
 
