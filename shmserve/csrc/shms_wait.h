@@ -61,9 +61,17 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
  * wake-up preemption a sleeper gets: sleep instead. */
 #define SHMS_SPIN_PREEMPTED_NS 50000
 
+/* A yield that kept us off the CPU this long lost a whole scheduler slice to a
+ * neighbour (slices are 0.7 ms and more): spinning does not pay on this CPU, and the
+ * waiter's policy stops it for a while (shms_spin_outcome). Shorter preemptions are
+ * mostly the server's own processes doing a request's work on a small machine, which
+ * cut one spin but are no reason to stop spinning. */
+#define SHMS_SPIN_LOST_SLICE_NS 250000
+
 /* Wait until *word != seen: spin spin_ns first, then sleep on the futex (at most
  * timeout_ns in all, <0 forever). The spin ends early when a yield was preempted
- * (SHMS_SPIN_PREEMPTED_NS); *preempted (if not NULL) says whether it was.
+ * (SHMS_SPIN_PREEMPTED_NS); *preempted (if not NULL) says whether a yield lost a
+ * whole slice (SHMS_SPIN_LOST_SLICE_NS).
  * Returns SHMS_WAKE_SPIN (1) if the word moved while spinning, SHMS_WAKE_SLEEP (2) if
  * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout.
  * *sleeping counts the sleepers (a client's threads on its arena); with sole, the
@@ -78,12 +86,12 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
   if (preempted) *preempted = 0;
   for (;;) {
     uint64_t now = shms_now_ns();
-    /* judged before the word: a yield that cost a slice counts even when the word
+    int64_t off = (int64_t)(now - last); /* how long the last yield kept us off the CPU */
+    /* judged before the word: a yield that lost a slice counts even when the word
      * moved meanwhile (an answer arriving while a neighbour ran is the common case) */
-    int cut = (int64_t)(now - last) > SHMS_SPIN_PREEMPTED_NS;
-    if (cut && preempted) *preempted = 1;
+    if (off > SHMS_SPIN_LOST_SLICE_NS && preempted) *preempted = 1;
     if (shms_load(word, memory_order_acquire) != seen) return 1;
-    if (cut || (int64_t)(now - start) >= spin_ns) break;
+    if (off > SHMS_SPIN_PREEMPTED_NS || (int64_t)(now - start) >= spin_ns) break;
     /* Yield rather than pause: on a machine with few cores the process we wait for
      * may need this very CPU. */
     sched_yield();
