@@ -96,6 +96,8 @@ class Worker:
         # the per-request API and traces take the Python path (run_batch).
         self.batch = _core.Batch(self.maps.srv, self.model_off, self.mailbox)
         self.in_dtypes = [None if t.dtype == BYTES else numpy_dtype(t.dtype) for t in self.spec.inputs]
+        self.out_dtypes = {t.name: None if t.dtype == BYTES else numpy_dtype(t.dtype)
+                           for t in self.spec.outputs}
         self.fast = self.fast_requests = False  # set by load(): they depend on the backend
         # sequence_batching: control tensors and implicit state (sequence_io.py)
         self.sequences = SequenceIO(self.spec) if self.spec.sequence is not None else None
@@ -807,7 +809,7 @@ class Worker:
                     raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
                                      f"'{spec.name}' is {arr.dtype}, expected BYTES")
             else:
-                want = numpy_dtype(spec.dtype)
+                want = self.out_dtypes[spec.name]
                 if (self.device.numpy_dtype(arr) if on_device else arr.dtype) != want:
                     raise BatchError(Status.INTERNAL, f"model '{self.spec.name}' output "
                                      f"'{spec.name}' is {arr.dtype}, config says {want}")
