@@ -179,3 +179,17 @@ def test_python_follows_a_moved_field(tmp_path):
                          text=True, check=True).stdout.split()
     assert got == [str(PINNED["slot.request"] + 64), str(PINNED["slot.size"] + 64), "42",
                    "True", "3"]
+
+
+@pytest.mark.parametrize("message", ["", "short", "é" * 63, "é" * 64, "€" * 85, "€" * 86,
+                                     "𝄞" * 63, "𝄞" * 64, "x" * 300])
+def test_clip_error_fits_the_error_field_on_a_character_boundary(message):
+    from shmserve.protocol import ERROR_BYTES, clip_error
+
+    clipped = clip_error(message)
+    assert len(clipped.encode()) <= ERROR_BYTES - 1
+    assert message.startswith(clipped)
+    if len(message.encode()) <= ERROR_BYTES - 1:
+        assert clipped == message  # never cut what fits
+    else:  # cut at the last whole character that fits
+        assert len(clipped.encode()) + len(message[len(clipped)].encode()) > ERROR_BYTES - 1
