@@ -50,6 +50,19 @@ def test_common_requests_take_the_c_path(client):
     assert sent(client) == (len(requests) + 4, 0)
 
 
+def test_unpickled_arrays_take_the_c_path(client):
+    """An array that came through pickle (multiprocessing, a queue) has a dtype object
+    of its own, equal to numpy's but not the same one: still the common request."""
+    import pickle
+    x = pickle.loads(pickle.dumps(np.arange(24, dtype=np.float32).reshape(2, 12)))
+    assert x.dtype == np.float32 and x.dtype is not np.dtype(np.float32)
+    np.testing.assert_array_equal(client.infer("identity", {"INPUT0": x})["OUTPUT0"], x)
+    np.testing.assert_array_equal(client.submit("identity", [x]).result(timeout=30)["OUTPUT0"], x)
+    assert sent(client) == (2, 0)
+    with pytest.raises(errors.InvalidArgumentError, match=">f4"):  # equal values only
+        client.infer("identity", [x.astype(">f4")])
+
+
 def test_outputs_are_views_freed_with_the_last_one(client):
     used = client.engine.counters["arena_used"]
     x = np.full((1, 1000), 2.5, np.float32)

@@ -127,6 +127,13 @@ static int take_input(ClientCore *self, call *c, uint32_t index, PyObject *value
   uint32_t code = 0;
   for (uint32_t k = 0; k < self->n_in_dtypes && !code; k++)
     if (self->in_dtype[k] == dtype) code = self->in_code[k];
+  /* An unpickled array (multiprocessing, a queue) has its own dtype object, equal to
+   * numpy's but not the same one: compared by value, once the fast check missed. */
+  for (uint32_t k = 0; k < self->n_in_dtypes && !code; k++) {
+    int same = PyObject_RichCompareBool(self->in_dtype[k], dtype, Py_EQ);
+    if (same < 0) PyErr_Clear();
+    if (same > 0) code = self->in_code[k];
+  }
   Py_DECREF(dtype);
   if (!code) return 0; /* BYTES, byte-swapped, or a dtype Python words the error for */
   Py_buffer *v = &c->views[c->n_views];
