@@ -738,16 +738,22 @@ class Engine:
             seen = self._ops.load32(L["arena.completions"])
             self._collect()
             with self._lock:  # decided under the lock ensure_poller takes
-                if self._core.n_futures:
+                in_flight = self._core.n_futures
+                if in_flight:
                     idle_since = None
                 elif idle_since is None:
                     idle_since = self._now()
                 elif self._now() - idle_since >= POLLER_IDLE_NS:
                     self._poller = None
                     return
+            # It spins for one request in flight, where a wake-up would be most of the
+            # latency. With several, answers come in batches that share one wake-up, and
+            # a spin takes the CPU the server needs: sched_yield does not yield to tasks
+            # of another cgroup or session (autogroup), which is where a server usually
+            # runs (bench/README.md, "Two things the suite's client processes taught").
             # Idle, it sleeps without spinning: a request submitted meanwhile rings the
             # same doorbell when it completes.
-            spin = self._spin_ns if idle_since is None else 0
+            spin = self._spin_ns if in_flight == 1 else 0
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
                                            spin, WAIT_SLICE_NS):
                 if self._closed:  # close() released the mappings while we waited
