@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import struct
+import time
 
 import helpers
 import numpy as np
@@ -302,6 +303,37 @@ def test_zeroed_sleeping_flag_heals_after_one_sleep(server_factory):
         helpers.wait_until(lambda: raw.ctl.load32(sleeping) == 1, 10,
                            "one zeroing of batcher_sleeping outlasted the batcher's next sleep")
     finally:
+        raw.close()
+
+
+def test_a_flag_zeroed_again_and_again_makes_the_batcher_poll(server_factory):
+    """A vandal zeroing batcher_sleeping in a loop keeps every push from ringing the
+    batcher; once a sleep ran its whole course though the doorbell moved, the batcher
+    says so and polls (batcher.py, WATCHFUL_NS) instead of waiting for its idle check."""
+    import threading
+
+    server = server_factory(args=["--idle-check-ms", "300"])
+    victim = server.client(arena_bytes=1 << 20)
+    assert_serving(victim)
+    raw = RawLease(server.socket_path)
+    stop = threading.Event()
+
+    def vandal():
+        while not stop.is_set():
+            raw.ctl.store32(L["control.batcher_sleeping"], 0)
+            time.sleep(0.0001)
+
+    thread = threading.Thread(target=vandal, daemon=True)
+    thread.start()
+    try:
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for _ in range(20):
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+        helpers.wait_until(lambda: "a push did not wake the batcher" in server.log(20000), 10,
+                           "the batcher did not notice the pushes that did not wake it")
+    finally:
+        stop.set()
+        thread.join()
         raw.close()
 
 

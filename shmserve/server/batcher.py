@@ -13,7 +13,7 @@ import logging
 import os
 
 from .._core import now_ns
-from ..protocol import LAYOUT, MAILBOX_RETIRED, FailureReason, MailboxState, Status
+from ..protocol import LAYOUT, MAILBOX_RETIRED, FailureReason, MailboxState, Status, Wake
 from .intake import Intake
 from .maps import ServerMaps, child_setup
 from .models import DRAINED
@@ -24,6 +24,13 @@ L = LAYOUT
 log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_MS = 100  # an idle batcher checks its coordinator this often (--idle-check-ms)
 RETIRED_CHECK_NS = 10_000_000  # look for retired instances' batches this often (they ring too)
+# A sleep that ran its whole course although the doorbell moved meanwhile: a push did
+# not wake us, which an honest client cannot cause (it rings whenever the flag says we
+# sleep). A client is zeroing control.batcher_sleeping, or pushing without ringing;
+# for WATCHFUL_NS after each such sleep, the batcher sleeps at most WATCHFUL_SLEEP_NS,
+# so the other callers' requests wait that long for it instead of a whole idle check.
+WATCHFUL_NS = 1_000_000_000
+WATCHFUL_SLEEP_NS = 100_000
 STATE, PID = L["mailbox.state"], L["mailbox.pid"]
 
 
@@ -68,6 +75,8 @@ class Batcher:
         self.direct: list[bool] = [False] * self.maps.layout.n_models
         self.intake = Intake(self.maps, self.schedulers, self.apply_table, self.direct)
         self.core = self.intake.core  # the per-request work in C, both ways (csrc/batcher.c)
+        self.watchful_until = 0  # rings were lost until then: short sleeps (WATCHFUL_NS)
+        self.rings_lost_logged_at = 0
         self.retired_check_at = 0
         for m in boot["models"]:
             self.add(m)
@@ -336,8 +345,13 @@ class Batcher:
             deadline = self.dispatch()
             # come back when a stalled claim's grace ends
             deadline = earliest(deadline, intake.stall_ends())
+            deadline = earliest(deadline, intake.next_sweep())  # while the ring is damaged
             # 4. sleep until rung, or until the deadline
-            timeout = self.idle_check_ns if deadline is None else max(0, deadline - now_ns())
+            now = now_ns()
+            timeout = self.idle_check_ns if deadline is None else max(0, deadline - now)
+            watchful = now < self.watchful_until
+            if watchful:
+                timeout = min(timeout, WATCHFUL_SLEEP_NS)
             # Spin only while no worker computes: then the next event is a new request
             # we want to catch at once; under load the CPU is better left to the workers.
             busy = any(self.maps.srv.load32(off) for off in states)
@@ -347,8 +361,23 @@ class Batcher:
             woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout, True)
             if woke:
                 self.maps.count_wake(L["server.batcher_wakeups"], woke)
+                # a short deadline's sleep may end with a push by chance: not evidence
+                if woke == Wake.SLEEP and (watchful or timeout >= 1_000_000) \
+                        and now_ns() - now >= timeout:
+                    self.rings_lost()
             elif deadline is None and not self.maps.parent_alive():
                 return
+
+    def rings_lost(self) -> None:
+        """A push did not wake us (WATCHFUL_NS): short sleeps for a while, and a
+        warning a second at most while it goes on."""
+        now = now_ns()
+        if now >= self.watchful_until and now - self.rings_lost_logged_at >= WATCHFUL_NS:
+            log.warning("request ring: a push did not wake the batcher (a client zeroes "
+                        "control.batcher_sleeping or pushes without ringing); it polls "
+                        "every %d us until that stops", WATCHFUL_SLEEP_NS // 1000)
+            self.rings_lost_logged_at = now
+        self.watchful_until = now + WATCHFUL_NS
 
 
 def main() -> None:

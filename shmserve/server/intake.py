@@ -27,6 +27,10 @@ ENQUEUE_STAMP = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE  # the client's push time
 log = logging.getLogger("shmserve.batcher")
 RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
 SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
+# ... and for SWEEP_NS after ring damage this often, for requests at least this old: a
+# client rewriting cells loses others' entries all the time, and their requests would
+# each wait SWEEP_NS / 10 (the sweep's usual minimum age) otherwise.
+DAMAGED_SWEEP_NS = 1_000_000
 SEQUENCE_FLAGS = L["REQUEST_SEQUENCE_START"] | L["REQUEST_SEQUENCE_END"]  # STREAM is not one
 SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claims are skipped at once
 NO_OPTIONS = (0, 0, 0, 0, 0, 0, False)  # a request's options when it sets none
@@ -50,7 +54,9 @@ class Intake:
         self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
         self.suspects: dict[int, tuple[int, int]] = {}  # client id -> (lease, suspect until ns)
         self.sweep_at = now_ns() + SWEEP_NS
-        self.damage_logged_at = 0
+        self.leases_dropped_at = now_ns()
+        self.damaged_until = 0  # ring damage seen until then: DAMAGED_SWEEP_NS sweeps
+        self.damage_logged_at = self.lost_logged_at = 0
 
     # -- take every published request from the ring ------------------------------
     def drain_ring(self) -> bool:
@@ -261,18 +267,30 @@ class Intake:
             log.warning("request ring: %s", what)
             self.damage_logged_at = now
         self.sweep_at = 0
+        self.damaged_until = now + SWEEP_NS
+
+    def next_sweep(self) -> int | None:
+        """When the loop must come back for a sweep: only while the ring is damaged
+        (the regular sweep rides on the idle check)."""
+        return self.sweep_at if now_ns() < self.damaged_until else None
 
     # -- requests the ring does not (or no longer) hold ----------------------------
     def housekeeping(self) -> None:
         """Every SWEEP_NS, or at once after ring damage: takes the requests whose ring
         entries were lost, and unmaps the arenas of ended leases (only between
         batches: none is in hand when the loop calls this)."""
-        if now_ns() < self.sweep_at:
+        now = now_ns()
+        if now < self.sweep_at:
             return
-        if self.sweep():
+        damaged = now < self.damaged_until
+        if self.sweep(min_age_ns=DAMAGED_SWEEP_NS if damaged else SWEEP_NS // 10) \
+                and now - self.lost_logged_at >= SWEEP_NS:  # one line a second at most
             log.warning("request ring: took requests whose ring entries were lost")
-        self.maps.drop_ended_leases()
-        self.sweep_at = now_ns() + SWEEP_NS
+            self.lost_logged_at = now
+        if now - self.leases_dropped_at >= SWEEP_NS:
+            self.maps.drop_ended_leases()
+            self.leases_dropped_at = now
+        self.sweep_at = now_ns() + (DAMAGED_SWEEP_NS if damaged else SWEEP_NS)
 
     def recover(self) -> int:
         """After a restart: takes again every request a previous batcher had claimed
