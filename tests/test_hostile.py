@@ -337,6 +337,43 @@ def test_a_flag_zeroed_again_and_again_makes_the_batcher_poll(server_factory):
         raw.close()
 
 
+def test_a_doorbell_rung_in_a_loop_is_tuned_out(server_factory):
+    """Rings for nothing (far more than requests and batches) make the batcher stop
+    listening to the doorbell for a while and look on its own clock (batcher.py,
+    NOISE_RINGS); honest traffic, however heavy, never does."""
+    import threading
+
+    server = server_factory()
+    victim = server.client(arena_bytes=1 << 20)
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    for _ in range(20):  # heavy, honest: 100 requests in flight at a time
+        futures = [victim.submit("identity", [x]) for _ in range(100)]
+        for f in futures:
+            r = f.result(timeout=30)
+            np.testing.assert_array_equal(r["OUTPUT0"], x)
+            r.release()
+    assert "a client rings it in a loop" not in server.log(20000), server.log(20000)
+    raw = RawLease(server.socket_path)
+    stop = threading.Event()
+
+    def vandal():
+        while not stop.is_set():
+            raw.ctl.store32(L["control.batcher_sleeping"], 1)
+            raw.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+
+    thread = threading.Thread(target=vandal, daemon=True)
+    thread.start()
+    try:
+        helpers.wait_until(lambda: "a client rings it in a loop" in server.log(20000), 20,
+                           "the batcher kept listening to a doorbell rung for nothing")
+        for _ in range(20):
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+    finally:
+        stop.set()
+        thread.join()
+        raw.close()
+
+
 def test_control_segment_and_arena_cannot_be_resized_by_a_client(main_server):
     """Both descriptors of the hello reply are memfds sealed against resizing: a
     shrunk control segment would SIGBUS the coordinator, the batcher and every client."""

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import time
 
 from .._core import now_ns
 from ..protocol import LAYOUT, MAILBOX_RETIRED, FailureReason, MailboxState, Status, Wake
@@ -31,6 +32,12 @@ RETIRED_CHECK_NS = 10_000_000  # look for retired instances' batches this often 
 # so the other callers' requests wait that long for it instead of a whole idle check.
 WATCHFUL_NS = 1_000_000_000
 WATCHFUL_SLEEP_NS = 100_000
+# The doorbell rung far more often than requests arrive and batches end (each push
+# rings once, a worker going idle once): a client rings it for nothing, in a loop. For
+# WATCHFUL_NS the batcher then stops listening to it and looks every WATCHFUL_SLEEP_NS,
+# so that the rings cost it nothing (a FUTEX_WAKE needs no write access to stop).
+NOISE_WINDOW_NS = 10_000_000
+NOISE_RINGS = 200  # rings in a window beyond twice the entries and batches
 STATE, PID = L["mailbox.state"], L["mailbox.pid"]
 
 
@@ -76,7 +83,11 @@ class Batcher:
         self.intake = Intake(self.maps, self.schedulers, self.apply_table, self.direct)
         self.core = self.intake.core  # the per-request work in C, both ways (csrc/batcher.c)
         self.watchful_until = 0  # rings were lost until then: short sleeps (WATCHFUL_NS)
-        self.rings_lost_logged_at = 0
+        self.deaf_until = 0  # rings were noise until then: timed sleeps only (NOISE_RINGS)
+        self.rings_lost_logged_at = self.noise_logged_at = 0
+        self.handed = 0  # batches handed over by this loop, ever
+        self.noise_window = (0, 0, 0, 0)  # (start ns, doorbell, entries, batches) then
+        self.parent_checked_at = 0
         self.retired_check_at = 0
         for m in boot["models"]:
             self.add(m)
@@ -323,6 +334,7 @@ class Batcher:
         # SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
         # worker's doorbell_wait on its mailbox state; the ticket is stored before it.
         self.core.hand_over(mb, q.offset, batch)
+        self.handed += 1
 
     # -- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:
@@ -355,18 +367,47 @@ class Batcher:
             # Spin only while no worker computes: then the next event is a new request
             # we want to catch at once; under load the CPU is better left to the workers.
             busy = any(self.maps.srv.load32(off) for off in states)
+            if now < self.deaf_until:  # rung for nothing: look on our own clock
+                time.sleep(min(timeout, WATCHFUL_SLEEP_NS) / 1e9)
+                self.watch_noise(ctl.load32(bell))
+                if now >= self.parent_checked_at + self.idle_check_ns:
+                    if not self.maps.parent_alive():
+                        return
+                    self.parent_checked_at = now
+                continue
             # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
             # (the spin policy, shms_spin_wait, decides and learns from this wait)
             # sole: we are the doorbell's one sleeper, and clients can write the flag
             woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout, True)
             if woke:
                 self.maps.count_wake(L["server.batcher_wakeups"], woke)
+                self.watch_noise(ctl.load32(bell))
                 # a short deadline's sleep may end with a push by chance: not evidence
                 if woke == Wake.SLEEP and (watchful or timeout >= 1_000_000) \
                         and now_ns() - now >= timeout:
                     self.rings_lost()
             elif deadline is None and not self.maps.parent_alive():
                 return
+
+    def watch_noise(self, bell: int) -> None:
+        """Counts the doorbell's rings against the ring entries taken and the batches
+        handed over, per NOISE_WINDOW_NS; far more rings than those: deaf for
+        WATCHFUL_NS (re-armed while it goes on)."""
+        now = now_ns()
+        start, bell0, entries0, batches0 = self.noise_window
+        if now - start < NOISE_WINDOW_NS:
+            return
+        self.noise_window = (now, bell, self.intake.consumed, self.handed)
+        rings = (bell - bell0) & 0xFFFFFFFF
+        work = (self.intake.consumed - entries0) + (self.handed - batches0)
+        if start and rings > 2 * work + NOISE_RINGS:
+            if now >= self.deaf_until and now - self.noise_logged_at >= WATCHFUL_NS:
+                log.warning("control.doorbell: rung %d times in %d ms for %d requests and "
+                            "batches (a client rings it in a loop); the batcher looks every "
+                            "%d us instead of listening until that stops", rings,
+                            (now - start) // 1_000_000, work, WATCHFUL_SLEEP_NS // 1000)
+                self.noise_logged_at = now
+            self.deaf_until = now + WATCHFUL_NS
 
     def rings_lost(self) -> None:
         """A push did not wake us (WATCHFUL_NS): short sleeps for a while, and a

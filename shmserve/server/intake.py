@@ -57,6 +57,7 @@ class Intake:
         self.leases_dropped_at = now_ns()
         self.damaged_until = 0  # ring damage seen until then: DAMAGED_SWEEP_NS sweeps
         self.damage_logged_at = self.lost_logged_at = 0
+        self.consumed = 0  # ring entries taken, ever: one ring of the doorbell each
 
     # -- take every published request from the ring ------------------------------
     def drain_ring(self) -> bool:
@@ -99,6 +100,7 @@ class Intake:
                     self.ring_damaged(f"ring cell at position {ring.pos - 1} held {b:#x}")
         if ring.pos != start:
             self.maps.srv.store64(L["server.ring_pos"], ring.pos)
+            self.consumed += ring.pos - start
         return took
 
     def take(self, client_id: int, slot: int, gen: int) -> None:
