@@ -96,6 +96,28 @@ def test_submit_takes_the_c_path(client):
     assert c + py == 40 and c >= 32, (c, py)  # the rest waited for a slot in Python
 
 
+def test_an_idle_poller_is_not_woken_by_synchronous_answers(client):
+    """After its last future the poller lingers (POLLER_IDLE_NS) waiting for the next
+    submit, not on the arena's completions, which every synchronous answer rings."""
+    x = np.ones((1, 4), np.float32)
+    client.submit("identity", [x]).result(timeout=30).release()  # the poller lingers now
+    engine, collects = client.engine, [0]
+    collect = engine._collect
+
+    def counting():
+        collects[0] += 1
+        return collect()
+    engine._collect = counting
+    try:
+        for _ in range(300):
+            client.infer("identity", [x]).release()
+        assert collects[0] < 30, f"the idle poller woke {collects[0]} times for 300 answers"
+        np.testing.assert_array_equal(  # and a submit wakes it at once
+            client.submit("identity", [x]).result(timeout=30)["OUTPUT0"], x)
+    finally:
+        engine._collect = collect
+
+
 @pytest.mark.parametrize("case", ["bytes", "non-contiguous", "list values", "dict subclass",
                                   "version as text", "byte-swapped"])
 def test_fallbacks_give_the_same_answers(client, case):

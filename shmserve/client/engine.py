@@ -152,6 +152,12 @@ class Engine:
         self._plans: dict[tuple[str, int | None], Plan] = {}
         self._remember_models(hello.models)
         self._poller: threading.Thread | None = None
+        # An idle poller (no future in flight) waits on this, not on the arena's
+        # completions: those ring for every synchronous answer too, and a poller woken
+        # for each would take the GIL and a CPU from the caller (identity 4 KiB in a
+        # loop: 46k -> 15k infer/s while it lingered).
+        self._poller_idle = False
+        self._poller_wake = threading.Event()
         self._closed = False
         self._events = None  # gpu.ipc.SlotEvents, once a device tensor is sent
 
@@ -709,6 +715,9 @@ class Engine:
                 self._poller = threading.Thread(target=self._poll, name="shmserve-completions",
                                                 daemon=True)
                 self._poller.start()
+            elif self._poller_idle:  # the request is registered: it finds it when awake
+                self._poller_idle = False
+                self._poller_wake.set()
 
     def _collect(self) -> int:
         """Finishes every submitted request that is DONE; returns how many."""
@@ -746,13 +755,20 @@ class Engine:
                 elif self._now() - idle_since >= POLLER_IDLE_NS:
                     self._poller = None
                     return
+                if not in_flight:  # a submit from now on sets the event (ensure_poller)
+                    self._poller_idle = True
+                    self._poller_wake.clear()
+            if not in_flight:
+                left = POLLER_IDLE_NS - (self._now() - idle_since)
+                self._poller_wake.wait(max(0, min(left, WAIT_SLICE_NS)) / 1e9)
+                with self._lock:
+                    self._poller_idle = False
+                continue
             # It spins for one request in flight, where a wake-up would be most of the
             # latency. With several, answers come in batches that share one wake-up, and
             # a spin takes the CPU the server needs: sched_yield does not yield to tasks
             # of another cgroup or session (autogroup), which is where a server usually
             # runs (bench/README.md, "Two things the suite's client processes taught").
-            # Idle, it sleeps without spinning: a request submitted meanwhile rings the
-            # same doorbell when it completes.
             spin = self._spin_ns if in_flight == 1 else 0
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
                                            spin, WAIT_SLICE_NS):
@@ -782,6 +798,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self._poller_wake.set()  # an idle poller leaves at once
         self._core.close()
         if self._events is not None:
             self._events.close()
