@@ -83,8 +83,8 @@ def main(argv=None) -> int:
     from shmserve.client import Client
 
     L.ensure_models(args.model_repository)
-    server = L.bench_server(args.model_repository, ROOT / "bench" / "out" / "client_cost.log", None)
     (ROOT / "bench" / "out").mkdir(exist_ok=True)
+    server = L.bench_server(args.model_repository, ROOT / "bench" / "out" / "client_cost.log", None)
     results: dict[tuple, list] = {}
     try:
         server.start(timeout=60)
@@ -99,7 +99,8 @@ def main(argv=None) -> int:
                 cases += [(f"submit {k}", lambda k=k: submit_loop(spinning, model, x, args.seconds, k))
                           for k in args.in_flight]
                 for name, run in cases:
-                    run() if r == 0 and name == "sync" else None  # first calls, plans, pages
+                    if r == 0 and name == "sync":
+                        run()  # warm-up: first calls, plans, pages
                     n, cpu = run()
                     results.setdefault((model, name), []).append((n / args.seconds, cpu / n * 1e6))
                     print(f"round {r + 1} {model:8s} {name:14s} {n / args.seconds:9,.0f} req/s  "

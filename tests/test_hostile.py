@@ -3,8 +3,10 @@ its arena and the shared ring. The server must refuse malformed requests with an
 error for that caller only, and never crash or stop serving the others."""
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import struct
+import threading
 import time
 
 import helpers
@@ -306,34 +308,45 @@ def test_zeroed_sleeping_flag_heals_after_one_sleep(server_factory):
         raw.close()
 
 
+@contextlib.contextmanager
+def vandal_loop(raw: RawLease, act):
+    """Runs act(raw) in a loop on a thread for the with-block (a hostile client)."""
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            act(raw)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_a_flag_zeroed_again_and_again_makes_the_batcher_poll(server_factory):
     """A vandal zeroing batcher_sleeping in a loop keeps every push from ringing the
     batcher; once a sleep ran its whole course though the doorbell moved, the batcher
     says so and polls (batcher.py, WATCHFUL_NS) instead of waiting for its idle check."""
-    import threading
-
     server = server_factory(args=["--idle-check-ms", "300"])
     victim = server.client(arena_bytes=1 << 20)
     assert_serving(victim)
     raw = RawLease(server.socket_path)
-    stop = threading.Event()
 
-    def vandal():
-        while not stop.is_set():
-            raw.ctl.store32(L["control.batcher_sleeping"], 0)
-            time.sleep(0.0001)
+    def zero_the_flag(raw):
+        raw.ctl.store32(L["control.batcher_sleeping"], 0)
+        time.sleep(0.0001)
 
-    thread = threading.Thread(target=vandal, daemon=True)
-    thread.start()
     try:
-        x = np.arange(4, dtype=np.float32).reshape(1, 4)
-        for _ in range(20):
-            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
-        helpers.wait_until(lambda: "a push did not wake the batcher" in server.log(20000), 10,
-                           "the batcher did not notice the pushes that did not wake it")
+        with vandal_loop(raw, zero_the_flag):
+            x = np.arange(4, dtype=np.float32).reshape(1, 4)
+            for _ in range(20):
+                np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+            helpers.wait_until(lambda: "a push did not wake the batcher" in server.log(20000), 10,
+                               "the batcher did not notice the pushes that did not wake it")
     finally:
-        stop.set()
-        thread.join()
         raw.close()
 
 
@@ -341,8 +354,6 @@ def test_a_doorbell_rung_in_a_loop_is_tuned_out(server_factory):
     """Rings for nothing (far more than requests and batches) make the batcher stop
     listening to the doorbell for a while and look on its own clock (batcher.py,
     NOISE_RINGS); honest traffic, however heavy, never does."""
-    import threading
-
     server = server_factory()
     victim = server.client(arena_bytes=1 << 20)
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
@@ -354,23 +365,18 @@ def test_a_doorbell_rung_in_a_loop_is_tuned_out(server_factory):
             r.release()
     assert "a client rings it in a loop" not in server.log(20000), server.log(20000)
     raw = RawLease(server.socket_path)
-    stop = threading.Event()
 
-    def vandal():
-        while not stop.is_set():
-            raw.ctl.store32(L["control.batcher_sleeping"], 1)
-            raw.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+    def ring(raw):
+        raw.ctl.store32(L["control.batcher_sleeping"], 1)
+        raw.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
 
-    thread = threading.Thread(target=vandal, daemon=True)
-    thread.start()
     try:
-        helpers.wait_until(lambda: "a client rings it in a loop" in server.log(20000), 20,
-                           "the batcher kept listening to a doorbell rung for nothing")
-        for _ in range(20):
-            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+        with vandal_loop(raw, ring):
+            helpers.wait_until(lambda: "a client rings it in a loop" in server.log(20000), 20,
+                               "the batcher kept listening to a doorbell rung for nothing")
+            for _ in range(20):
+                np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
     finally:
-        stop.set()
-        thread.join()
         raw.close()
 
 

@@ -84,10 +84,9 @@ class Batcher:
         self.core = self.intake.core  # the per-request work in C, both ways (csrc/batcher.c)
         self.watchful_until = 0  # rings were lost until then: short sleeps (WATCHFUL_NS)
         self.deaf_until = 0  # rings were noise until then: timed sleeps only (NOISE_RINGS)
-        self.rings_lost_logged_at = self.noise_logged_at = 0
+        self.defence_logged_at = 0
         self.handed = 0  # batches handed over by this loop, ever
         self.noise_window = (0, 0, 0, 0)  # (start ns, doorbell, entries, batches) then
-        self.parent_checked_at = 0
         self.retired_check_at = 0
         for m in boot["models"]:
             self.add(m)
@@ -367,25 +366,27 @@ class Batcher:
             # Spin only while no worker computes: then the next event is a new request
             # we want to catch at once; under load the CPU is better left to the workers.
             busy = any(self.maps.srv.load32(off) for off in states)
-            if now < self.deaf_until:  # rung for nothing: look on our own clock
+            deaf = now < self.deaf_until
+            if deaf:  # rung for nothing: look on our own clock
                 time.sleep(min(timeout, WATCHFUL_SLEEP_NS) / 1e9)
+                woke = Wake.TIMEOUT
+            else:
+                # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle)
+                # ring us. The spin policy (shms_spin_wait) decides and learns from this
+                # wait; sole: we are the doorbell's one sleeper, and clients can write
+                # the flag.
+                woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout,
+                                         True)
+            if woke or deaf:
                 self.watch_noise(ctl.load32(bell))
-                if now >= self.parent_checked_at + self.idle_check_ns:
-                    if not self.maps.parent_alive():
-                        return
-                    self.parent_checked_at = now
-                continue
-            # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle) ring us.
-            # (the spin policy, shms_spin_wait, decides and learns from this wait)
-            # sole: we are the doorbell's one sleeper, and clients can write the flag
-            woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout, True)
             if woke:
                 self.maps.count_wake(L["server.batcher_wakeups"], woke)
-                self.watch_noise(ctl.load32(bell))
                 # a short deadline's sleep may end with a push by chance: not evidence
                 if woke == Wake.SLEEP and (watchful or timeout >= 1_000_000) \
                         and now_ns() - now >= timeout:
-                    self.rings_lost()
+                    self.watchful_until = self.defend(
+                        self.watchful_until, "request ring: a push did not wake the batcher "
+                        "(a client zeroes control.batcher_sleeping or pushes without ringing)")
             elif deadline is None and not self.maps.parent_alive():
                 return
 
@@ -401,25 +402,21 @@ class Batcher:
         rings = (bell - bell0) & 0xFFFFFFFF
         work = (self.intake.consumed - entries0) + (self.handed - batches0)
         if start and rings > 2 * work + NOISE_RINGS:
-            if now >= self.deaf_until and now - self.noise_logged_at >= WATCHFUL_NS:
-                log.warning("control.doorbell: rung %d times in %d ms for %d requests and "
-                            "batches (a client rings it in a loop); the batcher looks every "
-                            "%d us instead of listening until that stops", rings,
-                            (now - start) // 1_000_000, work, WATCHFUL_SLEEP_NS // 1000)
-                self.noise_logged_at = now
-            self.deaf_until = now + WATCHFUL_NS
+            self.deaf_until = self.defend(
+                self.deaf_until, f"control.doorbell: rung {rings} times in "
+                f"{(now - start) // 1_000_000} ms for {work} requests and batches (a client "
+                "rings it in a loop); the batcher stops listening to it")
 
-    def rings_lost(self) -> None:
-        """A push did not wake us (WATCHFUL_NS): short sleeps for a while, and a
-        warning a second at most while it goes on."""
+    def defend(self, until: int, what: str) -> int:
+        """A client breaks the doorbell's rules: returns when the defence (a look every
+        WATCHFUL_SLEEP_NS) ends, WATCHFUL_NS from now; says so when it starts, once a
+        second at most."""
         now = now_ns()
-        if now >= self.watchful_until and now - self.rings_lost_logged_at >= WATCHFUL_NS:
-            log.warning("request ring: a push did not wake the batcher (a client zeroes "
-                        "control.batcher_sleeping or pushes without ringing); it polls "
-                        "every %d us until that stops", WATCHFUL_SLEEP_NS // 1000)
-            self.rings_lost_logged_at = now
-        self.watchful_until = now + WATCHFUL_NS
-
+        if now >= until and now - self.defence_logged_at >= WATCHFUL_NS:
+            log.warning("%s; it looks every %d us until that stops", what,
+                        WATCHFUL_SLEEP_NS // 1000)
+            self.defence_logged_at = now
+        return now + WATCHFUL_NS
 
 def main() -> None:
     boot = child_setup("batcher")
