@@ -156,6 +156,12 @@ def _request_count(text: str) -> int:
     return int(text)
 
 
+def _milliseconds(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds (0: off)")
+    return int(text)
+
+
 def _cuda_pool(text: str) -> tuple[int, int]:
     """Triton's <GPU>:<bytes>."""
     gpu, sep, size = text.partition(":")
@@ -193,7 +199,8 @@ def cmd_serve(args) -> int:
                             **grpc_options(args), model_repository=args.model_repository, name=args.name,
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
-                            max_spin_us=args.max_spin_us, load_timeout_s=args.load_timeout,
+                            max_spin_us=args.max_spin_us, cpu_watch_ms=args.cpu_watch_ms,
+                            load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
                             max_queued_per_client=args.max_queued_per_client,
                             exit_timeout_s=args.exit_timeout_secs,
@@ -578,6 +585,10 @@ def main(argv: list[str] | None = None) -> int:
                         "they sleep on a futex; 0 = sleep at once")
     s.add_argument("--max-spin-us", type=int, default=200,
                    help="longest adaptive spin, used while requests arrive that often")
+    s.add_argument("--cpu-watch-ms", type=_milliseconds, default=100, metavar="MS",
+                   help="how often the server measures the CPU other work takes; while it "
+                        "leaves no CPU idle, the server's and its clients' waiters sleep at "
+                        "once instead of spinning (0 = do not watch: spin whatever the load)")
     s.add_argument("--exit-timeout-secs", type=float, default=30,
                    help="on SIGINT/SIGTERM/SIGHUP, wait this long for requests in flight (new "
                         "ones are refused meanwhile); a second signal stops at once")

@@ -174,6 +174,13 @@ def header(name: str, status: dict, rows: list[ModelRow]) -> Table:
                                f"sleep {batcher['wakeups'].get('SLEEP', 0)}"),
                  Text.assemble(("workers ", "dim"),
                                f"spin {workers['SPIN']} / sleep {workers['SLEEP']}"))
+    watch = status.get("cpu_watch")  # servers before the CPU watch have none
+    if watch:
+        free = "-" if watch["free_cpus"] is None else f"{watch['free_cpus']:.1f}"
+        spinning = ("off (crowded)" if watch["crowded"] else
+                    "on" if watch["interval_ms"] else "on (load not watched)")
+        grid.add_row(Text.assemble(("CPUs free of other work ", "dim"), f"{free} / {watch['cpus']}"),
+                     Text.assemble(("spinning ", "dim"), spinning), "", "")
     return grid
 
 

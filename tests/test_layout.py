@@ -35,6 +35,7 @@ PINNED = {
     "control.enqueue_pos": 64,
     "control.dequeue_pos": 128,
     "control.doorbell": 192,
+    "control.crowded": 44,
     "slot.size": 5056,
     "slot.request": 336,
     "slot.results": 3472,
@@ -48,7 +49,8 @@ PINNED = {
     "tensor_spec.size": 136,
     "shadow.size": 32 + 64 + 2 * 16 * 96,
     "mailbox.size": 80 + 8 * 256,  # two batches deep: shadow[] and next_shadow[]
-    "server.size": 112,
+    "server.size": 120,
+    "server.crowded": 112,
     "MAX_TENSORS": 16,
     "MAX_DIMS": 8,
     "ERROR_BYTES": 256,

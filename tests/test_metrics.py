@@ -137,6 +137,7 @@ def test_metrics_exposition_parses_as_triton_families(server_factory):
     (slots,) = families["shmserve_client_slots_in_use"].samples
     assert slots.value == 0 and slots.labels["pid"] == str(__import__("os").getpid())
     assert families["shmserve_ring_depth"].samples[0].value == 0
+    assert families["shmserve_cpus_crowded"].samples[0].value in (0, 1)  # cpu_watch.py
     executions = {s.labels["model"]: s.value for s in families["shmserve_instance_executions"].samples}
     assert executions["raiser"] == raiser["execution_count"]
     wakeups = {(s.labels["role"], s.labels["how"]) for s in families["shmserve_wakeups"].samples}

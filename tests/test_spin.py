@@ -63,7 +63,7 @@ def test_a_callers_preempted_spin_backs_off_too(server_factory):
     yield is preempted, and the lease's next waits do not spin."""
     import numpy as np
 
-    server = server_factory()
+    server = server_factory(args=["--cpu-watch-ms", "0"])  # the policy's own detection alone
     client = server.client(spin_us=2_000_000)  # would spin 2 s for each answer
     core = client.engine._core
     assert core.spin_budget() == 2_000_000_000

@@ -77,7 +77,9 @@ def reply(uptime_s: float, models: list[dict]) -> dict:
             "clients": [{"client": 0, "pid": 4242, "uid": 0, "slots": 32, "slots_in_use": 5,
                          "arena_bytes": 1 << 20, "bytes_in_flight": 8192}],
             "max_clients": 64, "uptime_s": uptime_s,
-            "batcher": {"pid": 99, "restarts": 0, "wakeups": {"SPIN": 7, "SLEEP": 8}}}
+            "batcher": {"pid": 99, "restarts": 0, "wakeups": {"SPIN": 7, "SLEEP": 8}},
+            "cpu_watch": {"crowded": True, "cpus": 2, "changes": 1, "free_cpus": 0.42,
+                          "interval_ms": 100}}
 
 
 def bucket(b: int) -> tuple[int, int]:
@@ -138,6 +140,7 @@ def test_frame_rates_and_interval_quantiles_from_fixed_replies():
 
     assert "ring 3 / 2048" in text and "clients 1 / 64" in text, text
     assert "batcher pid 99" in text and "spin 7 / sleep 8" in text, text
+    assert "CPUs free of other work 0.4 / 2" in text and "spinning off (crowded)" in text, text
     _, clients = table_rows(text, "client")
     assert clients["0"][1:] == ["4242", "5 / 32", "8.0 KiB", "1.0 MiB"], text
 

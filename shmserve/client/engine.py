@@ -703,10 +703,17 @@ class Engine:
         seen = self._ops.load32(L["arena.completions"])
         if self._collect():
             return True
-        self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen, self._spin_ns,
-                                WAIT_SLICE_NS)
+        self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
+                                self._spin_ns if not self.crowded() else 0, WAIT_SLICE_NS)
         self._collect()
         return True
+
+    def crowded(self) -> bool:
+        """The server's hint that no CPU is idle to spin on (docs/protocol.md, section 8)."""
+        try:
+            return bool(self._ctl.load32(L["control.crowded"]))
+        except ValueError:  # close() released the mapping: the caller finds out next
+            return False
 
     # -- futures: one poller thread resolves submitted requests --------------------------
     def ensure_poller(self) -> None:
@@ -769,7 +776,8 @@ class Engine:
             # a spin takes the CPU the server needs: sched_yield does not yield to tasks
             # of another cgroup or session (autogroup), which is where a server usually
             # runs (bench/README.md, "Two things the suite's client processes taught").
-            spin = self._spin_ns if in_flight == 1 else 0
+            # Nor while the server says other work leaves no CPU idle (control.crowded).
+            spin = self._spin_ns if in_flight == 1 and not self.crowded() else 0
             if not self._ops.doorbell_wait(L["arena.completions"], L["arena.waiters"], seen,
                                            spin, WAIT_SLICE_NS):
                 if self._closed:  # close() released the mappings while we waited

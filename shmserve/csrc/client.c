@@ -286,6 +286,7 @@ static PyObject *core_block(ClientCore *self, PyObject *args) {
 }
 
 static PyObject *core_spin_budget(ClientCore *self, PyObject *unused) {
+  if (!self->control->base) self->spin.crowded = NULL; /* released by close(): no hint */
   return PyLong_FromLongLong(shms_spin_budget(&self->spin));
 }
 
@@ -391,6 +392,7 @@ static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
   self->slots_offset = slots_offset;
   self->wait_slice_ns = slice_ns > 0 ? slice_ns : 50000000;
   self->spin = shms_spin_make(spin_ns, max_spin_ns);
+  self->spin.crowded = &self->ring.ctl->crowded; /* the server's hint (shms_wait.h) */
   self->ndarray = Py_NewRef(ndarray);
   self->result_type = Py_NewRef(result_type);
   self->timeout_error = Py_NewRef(timeout_error);

@@ -66,8 +66,37 @@ static PyMethodDef *joined_methods(void) {
 static int spin_init(Spin *self, PyObject *args, PyObject *kw) {
   long long base, max;
   if (!PyArg_ParseTuple(args, "LL", &base, &max)) return -1;
+  SHMS_ATOMIC(uint32_t) *crowded = self->spin.crowded; /* __init__ again keeps a watch */
   self->spin = shms_spin_make(base, max);
+  self->spin.crowded = crowded;
   return 0;
+}
+
+/* watch(mapping, offset): from now on a nonzero u32 at offset means "do not spin"
+ * (shms_spin.crowded). The mapping stays mapped while watched: its release waits. */
+static PyObject *spin_watch(Spin *self, PyObject *args) {
+  PyObject *obj;
+  unsigned long long off;
+  if (!PyArg_ParseTuple(args, "O!K", &MappingType, &obj, &off)) return NULL;
+  Mapping *m = (Mapping *)obj;
+  SHMS_ATOMIC(uint32_t) *word = shms_py_at(m, off, 4, 4);
+  if (!word) return NULL;
+  if (self->watched) {
+    shms_py_leave(self->watched);
+    Py_CLEAR(self->watched);
+  }
+  shms_py_enter(m);
+  self->watched = (Mapping *)Py_NewRef(m);
+  self->spin.crowded = word;
+  Py_RETURN_NONE;
+}
+
+static void spin_dealloc(Spin *self) {
+  if (self->watched) {
+    shms_py_leave(self->watched);
+    Py_CLEAR(self->watched);
+  }
+  Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *spin_budget(Spin *self, PyObject *unused) {
@@ -91,6 +120,8 @@ static PyObject *spin_base(Spin *self, void *c) { return PyLong_FromLongLong(sel
 static PyMethodDef spin_methods[] = {
     {"budget_ns", (PyCFunction)spin_budget, METH_NOARGS, "The spin for the next wait (ns)."},
     {"record", (PyCFunction)spin_record, METH_O, "Feed one observed wait (ns)."},
+    {"watch", (PyCFunction)spin_watch, METH_VARARGS,
+     "watch(mapping, offset): do not spin while the u32 there is nonzero."},
     {NULL}};
 
 static PyGetSetDef spin_getset[] = {
@@ -107,6 +138,7 @@ PyTypeObject SpinType = {
     .tp_doc = "How long a waiter spins before it sleeps (shms_spin in shms_wait.h).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)spin_init,
+    .tp_dealloc = (destructor)spin_dealloc,
     .tp_methods = spin_methods,
     .tp_getset = spin_getset,
 };

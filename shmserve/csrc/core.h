@@ -38,6 +38,7 @@ extern PyTypeObject MappingType;
 typedef struct {
   PyObject_HEAD
   shms_spin spin;
+  Mapping *watched; /* holds spin.crowded, kept mapped while watched (AdaptiveSpin.watch) */
 } Spin;
 extern PyTypeObject SpinType;
 extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple */

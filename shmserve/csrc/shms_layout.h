@@ -323,7 +323,9 @@ typedef struct shms_control {
   uint32_t reserved;
   uint64_t segment_bytes;
   SHMS_ATOMIC(uint32_t) server_state; /* enum shms_server_state */
-  uint32_t reserved2;
+  /* Coordinator: nonzero while other work leaves this machine no CPU to spin on
+   * (shmserve/server/cpu_watch.py); every waiter then sleeps at once. A hint only. */
+  SHMS_ATOMIC(uint32_t) crowded;
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) enqueue_pos; /* producers (clients) */
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) dequeue_pos; /* the batcher only */
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint32_t) doorbell;    /* futex: batcher's wake-up word */
@@ -498,6 +500,10 @@ typedef struct shms_server_header {
    * request pushed (slot t_ns[ENQUEUE]) at or after it is refused; earlier ones drain. */
   SHMS_ATOMIC(uint64_t) drain_since_ns;
   SHMS_ATOMIC(uint64_t) batcher_wakeups[3]; /* the batcher's waits by enum shms_wake */
+  /* Coordinator: control.crowded's twin for the server's own waiters, out of clients'
+   * reach (a client can write the control block). */
+  SHMS_ATOMIC(uint32_t) crowded;
+  uint32_t reserved;
 } shms_server_header;
 
 /* ------------------------------------------------------------- layout checks */
@@ -527,7 +533,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 32 + sizeof(shms_request), "shms_shadow size");
 SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 80 + 8 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
-SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 120, "shms_server_header size");
 SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
 #endif
 
@@ -558,6 +564,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(control, shms_control, header_bytes) F(control, shms_control, ring_offset)          \
   F(control, shms_control, ring_capacity) F(control, shms_control, server_pid)          \
   F(control, shms_control, segment_bytes) F(control, shms_control, server_state)        \
+  F(control, shms_control, crowded)                                                     \
   F(control, shms_control, enqueue_pos) F(control, shms_control, dequeue_pos)           \
   F(control, shms_control, doorbell) F(control, shms_control, batcher_sleeping)         \
   S(slot, shms_slot)                                                                    \
@@ -628,6 +635,6 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(server, shms_server_header, mailboxes_offset)                                       \
   F(server, shms_server_header, segment_bytes) F(server, shms_server_header, ring_pos)    \
   F(server, shms_server_header, drain_since_ns)                                         \
-  F(server, shms_server_header, batcher_wakeups)
+  F(server, shms_server_header, batcher_wakeups) F(server, shms_server_header, crowded)
 
 #endif /* SHMS_LAYOUT_H */

@@ -133,8 +133,12 @@ static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
  * sleeps at once and uses no CPU. On a contended machine spinning costs others their
  * CPU and gains nothing (the spinner is not running when the word moves): a wait whose
  * spin was preempted turns spinning off for the next SHMS_SPIN_BACKOFF_WAITS waits,
- * after which one spin probes again. Every waiter of every language uses this one
- * policy (shms_spin_wait). */
+ * after which one spin probes again. That detection sees only a spinner that loses
+ * the CPU; one in its own scheduling group (a server started in its own session)
+ * rarely does and takes the CPU from the others instead. So the coordinator also
+ * watches the machine (shmserve/server/cpu_watch.py) and raises a `crowded` word
+ * while other work leaves no CPU idle: a waiter that watches it does not spin then.
+ * Every waiter of every language uses this one policy (shms_spin_wait). */
 #define SHMS_SPIN_BACKOFF_WAITS 256
 
 typedef struct shms_spin {
@@ -143,6 +147,8 @@ typedef struct shms_spin {
   int64_t typical_ns; /* exponential average of recent waits */
   int64_t backoff;    /* waits left without spinning: the last spin was preempted */
   uint64_t preempted; /* spins cut short by preemption, ever (for statistics) */
+  /* control.crowded or server.crowded, NULL: not watched. Nonzero: do not spin. */
+  SHMS_ATOMIC(uint32_t) * crowded;
 } shms_spin;
 
 static inline shms_spin shms_spin_make(int64_t base_ns, int64_t max_ns) {
@@ -152,12 +158,14 @@ static inline shms_spin shms_spin_make(int64_t base_ns, int64_t max_ns) {
   s.typical_ns = s.base_ns;
   s.backoff = 0;
   s.preempted = 0;
+  s.crowded = NULL;
   return s;
 }
 
 /* The spin to use for the next wait. */
 static inline int64_t shms_spin_budget(const shms_spin *s) {
   if (s->backoff > 0) return 0;
+  if (s->crowded && shms_load(s->crowded, memory_order_relaxed)) return 0;
   if (s->base_ns == 0 || s->typical_ns > s->max_ns) return s->base_ns;
   int64_t b = s->typical_ns * 3 / 2;
   return b < s->base_ns ? s->base_ns : b > s->max_ns ? s->max_ns : b;

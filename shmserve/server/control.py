@@ -203,6 +203,7 @@ class ControlPlane:
                             "wakeups": {w.name: self.server.ops.load64(
                                 L["server.batcher_wakeups"] + 8 * w)
                                 for w in (P.Wake.SPIN, P.Wake.SLEEP)}},
+                "cpu_watch": {**self.cpu_watch.status(), "interval_ms": self.opts.cpu_watch_ms},
                 "uptime_s": time.monotonic() - self.started_at}
 
     def instance_rows(self, entry) -> list[dict]:

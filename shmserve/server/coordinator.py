@@ -23,6 +23,7 @@ from ..protocol import LAYOUT as L
 from ..segments import Segment, socket_path
 from . import devices
 from .control import ControlPlane
+from .cpu_watch import CpuWatch, watch as watch_cpus
 from .models import ModelControl, ModelTable, version_fingerprint
 from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
                          problems_message, scan_repository)
@@ -49,6 +50,7 @@ class ServeOptions:
     max_arena_bytes: int = 1 << 30
     spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
     max_spin_us: int = 200  # ... and up to this long when requests come that often
+    cpu_watch_ms: int = 100  # how often cpu_watch looks for an idle CPU to spin on; 0: never
     load_timeout_s: float = 120.0
     exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
     cuda_pools: dict = dataclasses.field(default_factory=dict)  # GPU -> bytes (devices.py)
@@ -147,6 +149,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.stopping = False
         self.traces = None  # tracing.TraceSink (its pipe stays while tracing is off)
         self.settings = None  # settings.RuntimeSettings: the logging and trace extensions'
+        self.cpu_watch = CpuWatch(len(os.sched_getaffinity(0)))
         self.port_claims: list[socket.socket] = []  # --http-port/--grpc-port, bound before the start
         self.system_shm = SystemShmRegistry()  # regions registered through the fronts
 
@@ -302,6 +305,16 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
             log.warning("stopping with %d request(s) unanswered (%s)", left,
                         "second signal" if force.is_set() else "exit timeout")
 
+    def our_pids(self) -> list[int]:
+        """This server's processes and its clients': their CPU is not other work's."""
+        return ([os.getpid()] + [c.proc.pid for c in self.children if c.proc]
+                + [lease["pid"] for lease in self.leases.values()])
+
+    def publish_crowded(self, crowded: bool) -> None:
+        """cpu_watch's verdict, to the clients' waiters and to the server's own."""
+        self.control.ops.store32(L["control.crowded"], int(crowded))
+        self.server.ops.store32(L["server.crowded"], int(crowded))
+
     def in_flight(self) -> int:
         """Requests of live leases the server holds (submitted, queued or running)."""
         busy = (P.SlotState.SUBMITTED, P.SlotState.QUEUED, P.SlotState.RUNNING)
@@ -363,6 +376,9 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         if self.traces is not None:
             loop.add_reader(self.traces.read_fd, self.traces.on_readable)
         supervisor = asyncio.create_task(self.supervise(stop))
+        watcher = (asyncio.create_task(watch_cpus(
+            self.cpu_watch, self.opts.cpu_watch_ms / 1000, self.our_pids, self.publish_crowded,
+            stop)) if self.opts.cpu_watch_ms > 0 else None)
         poller = (asyncio.create_task(self.poll_repository(stop))
                   if self.opts.model_control_mode == "poll" else None)
         await stop.wait()
@@ -379,6 +395,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         for writer in list(self.connections):
             writer.close()
         await supervisor
+        if watcher is not None:
+            await watcher
         if metrics is not None:
             metrics.shutdown()
 

@@ -36,6 +36,7 @@ class ServerMaps:
         self.ctl = self.control.ops
         self.srv = self.server.ops
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
+        self.spin.watch(self.srv, L["server.crowded"])  # the coordinator's cpu_watch
         self.coordinator_pid = boot["coordinator_pid"]
         self.arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
         # {client_id: (lease, Mapping)} of arenas, as _core.Batch.begin looks them up

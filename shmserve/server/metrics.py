@@ -350,6 +350,14 @@ class StatsCollector:
         yield from (ready, batches, restarts, executions, wakeups)
         yield _counter_value("shmserve_batcher_restarts", "Restarts of the batcher process",
                              batcher["restarts"])
+        watch = status.get("cpu_watch")  # cpu_watch.py
+        if watch is not None:
+            yield GaugeMetricFamily("shmserve_cpus_crowded", "1 while other work leaves no "
+                                    "CPU idle, and waiters sleep at once instead of spinning",
+                                    value=float(watch["crowded"]))
+        if watch is not None and watch["free_cpus"] is not None:
+            yield GaugeMetricFamily("shmserve_cpus_free", "CPUs other work left free in the "
+                                    "last interval of the CPU watch", value=watch["free_cpus"])
         yield GaugeMetricFamily("shmserve_ring_depth", "Requests pushed on the ring and not "
                                 "yet taken by the batcher", value=status["ring_depth"])
         yield GaugeMetricFamily("shmserve_connected_clients", "Clients holding a lease",

@@ -86,6 +86,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     // The ring's capacity and place are fixed here, once: the header is client-writable.
     if (shms_ring_attach(&ring, ctl_map.base, ctl_map.size) != 0)
       throw ProtocolError("control segment: its ring is malformed");
+    spin_.crowded = &ring.ctl->crowded;  // the server's "no CPU to spin on" hint
     client_id = h.client_id;
     server_pid = static_cast<pid_t>(h.server_pid);
     n_slots = h.n_slots;

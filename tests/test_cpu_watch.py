@@ -1,0 +1,128 @@
+"""The coordinator's CPU watch (shmserve/server/cpu_watch.py) and the `crowded` word
+every waiter's spin policy reads (shms_spin.crowded in shms_wait.h): while other work
+leaves no CPU idle, nobody spins; when it goes, spinning comes back."""
+from __future__ import annotations
+
+import mmap
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from shmserve import _core
+from shmserve.protocol import LAYOUT as L
+from shmserve.server.cpu_watch import CpuWatch, ProcessClock, busy_cpu_seconds
+
+from helpers import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_raised_word_stops_the_spin_and_a_lowered_one_restores_it():
+    ops = _core.Mapping(mmap.mmap(-1, 4096))
+    spin = _core.AdaptiveSpin(50_000, 200_000)
+    spin.watch(ops, 64)
+    assert spin.budget_ns() == 75_000
+    ops.store32(64, 1)
+    assert spin.budget_ns() == 0
+    ops.store32(64, 0)  # the base again
+    assert spin.budget_ns() == 75_000
+    with pytest.raises(IndexError):
+        spin.watch(ops, 4096)  # outside the mapping
+    with pytest.raises(TypeError):
+        spin.watch(b"not a mapping", 0)
+
+
+def test_a_watched_mapping_outlives_its_release_until_the_spin_goes():
+    """release() while a spin watches the mapping is deferred: the policy never reads
+    unmapped memory; the last watcher's end lets the release happen."""
+    ops = _core.Mapping(mmap.mmap(-1, 4096))
+    spin = _core.AdaptiveSpin(50_000, 200_000)
+    spin.watch(ops, 0)
+    ops.store32(0, 1)
+    ops.release()
+    assert spin.budget_ns() == 0  # still reads the (still mapped) word
+    del spin
+
+
+def test_the_judgement_has_hysteresis_and_one_cpu_spins_when_quiet():
+    watch = CpuWatch(cpus=2)
+    # other work took 0.2 of 2 CPUs over 1 s: 1.8 free, no change
+    assert not watch.judge(busy_s=1.0, ours_s=0.8, wall_s=1.0) and not watch.crowded
+    # 1.2 CPUs of other work: 0.8 free < 1.5
+    assert watch.judge(busy_s=2.0, ours_s=0.8, wall_s=1.0) and watch.crowded
+    # 1.6 free: not yet 1.5 + 0.25, stays crowded
+    assert not watch.judge(busy_s=1.2, ours_s=0.8, wall_s=1.0) and watch.crowded
+    assert watch.judge(busy_s=0.9, ours_s=0.8, wall_s=1.0) and not watch.crowded
+    assert watch.changes == 2 and watch.status()["free_cpus"] == 1.9
+    # our own processes may use every CPU: that is never other work
+    assert not watch.judge(busy_s=2.0, ours_s=2.0, wall_s=1.0) and not watch.crowded
+    # one CPU: quiet, it spins as before (0.5 needed); a busy neighbour crowds it
+    one = CpuWatch(cpus=1)
+    one.judge(busy_s=0.3, ours_s=0.25, wall_s=1.0)
+    assert not one.crowded
+    one.judge(busy_s=1.0, ours_s=0.2, wall_s=1.0)
+    assert one.crowded
+
+
+def test_the_clocks_count_busy_time_and_skip_the_unknown():
+    before = busy_cpu_seconds(os.sched_getaffinity(0))
+    clock = ProcessClock()
+    assert clock.spent([os.getpid(), 2**22 + 7]) == 0.0  # first sight; no such pid
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    assert clock.spent([os.getpid(), 2**22 + 7]) >= 0.03  # ticks: 10 ms resolution
+    assert busy_cpu_seconds(os.sched_getaffinity(0)) - before >= 0.03
+
+
+def busy_processes(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def test_the_server_stops_spinning_while_other_work_takes_the_cpus(server_factory):
+    """CPU-bound processes, one per CPU: the coordinator raises `crowded` in the control
+    block (clients) and the server header (its own waiters), the client's policy stops
+    spinning and the answers stay right; when they end, spinning comes back."""
+    server = server_factory(args=["--cpu-watch-ms", "50"])
+    client = server.client()
+    core, ctl = client.engine._core, client.engine._ctl
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    watch = lambda: client.server_status()["cpu_watch"]  # noqa: E731
+    assert watch()["interval_ms"] == 50 and watch()["cpus"] == len(os.sched_getaffinity(0))
+    busy = busy_processes(len(os.sched_getaffinity(0)))
+    try:
+        wait_until(lambda: watch()["crowded"], 60, "the watch to see the CPUs crowded",
+                   state=watch)
+        assert ctl.load32(L["control.crowded"]) == 1
+        assert core.spin_budget() == 0
+        for _ in range(20):
+            np.testing.assert_array_equal(client.infer("identity", [x], copy=True)["OUTPUT0"], x)
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
+    wait_until(lambda: not watch()["crowded"], 60, "the watch to see the CPUs free again",
+               state=watch)
+    assert ctl.load32(L["control.crowded"]) == 0 and core.spin_budget() > 0
+    assert watch()["changes"] >= 2
+
+
+def test_a_server_that_does_not_watch_never_raises_the_word(server_factory):
+    server = server_factory(args=["--cpu-watch-ms", "0"])
+    client = server.client()
+    busy = busy_processes(len(os.sched_getaffinity(0)))
+    try:
+        time.sleep(0.5)  # several intervals of a watch, were there one
+        status = client.server_status()["cpu_watch"]
+        assert (status["crowded"], status["free_cpus"], status["interval_ms"]) == (False, None, 0)
+        assert client.engine._ctl.load32(L["control.crowded"]) == 0
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
