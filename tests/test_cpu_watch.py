@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from shmserve import _core
@@ -71,12 +72,26 @@ def test_the_judgement_has_hysteresis_and_one_cpu_spins_when_quiet():
 def test_the_clocks_count_busy_time_and_skip_the_unknown():
     before = busy_cpu_seconds(os.sched_getaffinity(0))
     clock = ProcessClock()
-    assert clock.spent([os.getpid(), 2**22 + 7]) == 0.0  # first sight; no such pid
+    assert clock.spent([2**22 + 7]) == 0.0  # no such pid
+    # running before it was first seen: its share of this interval is unknown
+    assert clock.spent([os.getpid(), 2**22 + 7]) is None
     end = time.process_time() + 0.05
     while time.process_time() < end:
         pass
     assert clock.spent([os.getpid(), 2**22 + 7]) >= 0.03  # ticks: 10 ms resolution
     assert busy_cpu_seconds(os.sched_getaffinity(0)) - before >= 0.03
+    # born within the interval: all of its CPU time counts in it
+    time.sleep(0.05)  # start times have the clock tick's resolution
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.1\n"
+                              "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 20
+        while psutil.Process(child.pid).cpu_times().user < 0.1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert clock.spent([os.getpid(), child.pid]) >= 0.08
+    finally:
+        child.kill()
+        child.wait()
 
 
 def busy_processes(n: int) -> list[subprocess.Popen]:

@@ -79,28 +79,45 @@ class CpuWatch:
                 "free_cpus": None if self.free_cpus is None else round(self.free_cpus, 2)}
 
 
+def started_since_boot(pid: int) -> float:
+    """When the process started, in seconds since boot (/proc/<pid>/stat's starttime:
+    psutil's create_time adds a boot time rounded to the second)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()  # after the command name
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 class ProcessClock:
     """CPU seconds (user + system, all threads) of a changing set of processes, per
-    interval. A process seen for the first time counts from then on."""
+    interval. A process born within the interval counts whole; one that existed before
+    but is seen for the first time (a client that just connected) makes the interval's
+    figure unknown, since its share of the interval cannot be told."""
 
     def __init__(self):
         self.seen: dict[int, tuple[psutil.Process, float]] = {}
+        self.last_sample = time.clock_gettime(time.CLOCK_BOOTTIME)
 
-    def spent(self, pids: Iterable[int]) -> float:
-        total, seen = 0.0, {}
+    def spent(self, pids: Iterable[int]) -> float | None:
+        """CPU seconds since the last call, or None where a newcomer's are unknown."""
+        total, seen, known = 0.0, {}, True
+        since, self.last_sample = self.last_sample, time.clock_gettime(time.CLOCK_BOOTTIME)
         for pid in set(pids):
             proc, last = self.seen.get(pid, (None, None))
             try:
                 proc = proc or psutil.Process(pid)
                 t = proc.cpu_times()
+                if last is None and started_since_boot(pid) >= since:
+                    last = 0.0  # born within the interval: all of its time is in it
             except (psutil.Error, OSError):  # gone, or not ours to read
                 continue
             now = t.user + t.system
-            if last is not None:
+            if last is None:
+                known = False
+            else:
                 total += max(0.0, now - last)
             seen[pid] = (proc, now)
         self.seen = seen
-        return total
+        return total if known else None
 
 
 async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Iterable[int]],
@@ -118,7 +135,8 @@ async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Itera
             pass
         ours = clock.spent(our_pids())
         now, busy_now = time.monotonic(), busy_cpu_seconds(cpus)
-        if state.judge(busy_now - busy, ours, now - wall):
+        # an interval in which a running process became ours is not judged
+        if ours is not None and state.judge(busy_now - busy, ours, now - wall):
             publish(state.crowded)
             log.debug("CPUs %s: %.2f of %d left free by other work: waiters %s", 
                       "crowded" if state.crowded else "free again", state.free_cpus,
