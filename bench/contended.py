@@ -9,7 +9,8 @@ default CPU watch (`--cpu-watch-ms 100`), one with `--cpu-watch-ms 0` (its waite
 whatever the load, as before the watch). Each round measures each server in turn,
 the order alternating: sync identity 4 KiB calls from this process, first quiet, then
 with one CPU-bound process per usable CPU (run_all.py's contended scenario: normal
-priority, started from this process's session). Every request is timed; the report
+priority, started from this process's session; `--neighbours own-session` starts them
+in a session of their own, as a neighbour service would be). Every request is timed; the report
 gives each round's p50 and p99 and the medians over rounds, and whether the watch
 called the CPUs crowded. Nothing is asserted.
 """
@@ -46,6 +47,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=20000, help="per case, phase and round")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--neighbours", choices=["caller-session", "own-session"],
+                   default="caller-session", help="the busy processes' session")
     p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     args = p.parse_args(argv)
     from shmserve.client import Client
@@ -65,7 +68,7 @@ def main(argv=None) -> int:
                 with Client(server.name, arena_bytes=16 << 20) as client:
                     timed_calls(client, x, 2000)  # warm-up: plans, pages, the spin's history
                     quiet = timed_calls(client, x, args.requests)
-                    with BusyLoad() as busy:
+                    with BusyLoad(own_session=args.neighbours == "own-session") as busy:
                         time.sleep(0.3)  # a few of the watch's intervals
                         loaded = timed_calls(client, x, args.requests)
                         crowded = client.server_status()["cpu_watch"]["crowded"]
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
                   f"{'  (crowded)' if crowded else ''}", file=sys.stderr, flush=True)
     med = lambda rs, phase, k: statistics.median(row[phase][k] for row in rs)  # noqa: E731
     print(f"\n| server | quiet p50 | quiet p99 | busy p50 | busy p99 | busy p50 range | "
-          f"rounds crowded | (us, median of {args.rounds}) |")
+          f"rounds crowded | (us, median of {args.rounds}; busy processes in the "
+          f"{args.neighbours}) |")
     print("|---|---|---|---|---|---|---|---|")
     for case, rs in rows.items():
         print(f"| {case} | {med(rs, 'quiet', 0):.1f} | {med(rs, 'quiet', 1):.1f} | "

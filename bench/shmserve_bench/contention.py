@@ -18,10 +18,13 @@ from .harness import with_parent_death
 
 
 class BusyLoad:
-    """`count` CPU-bound processes (default: one per usable core), at normal priority."""
+    """`count` CPU-bound processes (default: one per usable core), at normal priority;
+    in the starter's session, or with `own_session` in one of their own (a neighbour
+    service: under autogroup, its own scheduling group)."""
 
-    def __init__(self, count: int | None = None):
+    def __init__(self, count: int | None = None, own_session: bool = False):
         self.count = count if count is not None else len(os.sched_getaffinity(0))
+        self.own_session = own_session
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> BusyLoad:
@@ -29,7 +32,7 @@ class BusyLoad:
             self.procs.append(subprocess.Popen(
                 with_parent_death([sys.executable, "-c", "while True: pass"], signal.SIGKILL),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL))
+                stderr=subprocess.DEVNULL, start_new_session=self.own_session))
         return self
 
     def stop(self) -> None:
