@@ -144,22 +144,18 @@ def _verbosity(text: str) -> int:
     return level
 
 
-def _byte_count(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes")
-    return int(text)
+def _whole_number(unit: str):
+    """A validator for a count of `unit` (0 or more), named in its error message."""
+    def parse(text: str) -> int:
+        if not text.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}")
+        return int(text)
+    return parse
 
 
-def _request_count(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of requests (0: no limit)")
-    return int(text)
-
-
-def _milliseconds(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of milliseconds (0: off)")
-    return int(text)
+_byte_count = _whole_number("bytes")
+_request_count = _whole_number("requests (0: no limit)")
+_milliseconds = _whole_number("milliseconds (0: off)")
 
 
 def _cuda_pool(text: str) -> tuple[int, int]:
