@@ -470,7 +470,8 @@ def test_killed_front_is_restarted(server_factory):
                                               a + b)
             finally:
                 fresh.close()
-        assert "HTTP front 0" in server.log() and "restarted" in server.log()
+        assert poll_until(lambda: "HTTP front 0" in server.log() and "restarted" in server.log(),
+                          30), server.log()
     finally:
         client.close()
     assert server.stop() == 0

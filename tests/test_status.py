@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import os
+import pty
+import select
 import signal
 import subprocess
 import sys
@@ -214,33 +216,48 @@ def test_once_without_a_server_exits_2(server_factory):
     assert r.returncode == 1 and "--interval" in r.stderr, r.stderr
 
 
-def has_socket(pid: int) -> bool:
-    try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
-                   for fd in os.listdir(f"/proc/{pid}/fd"))
-    except OSError:  # an fd closed meanwhile
-        return False
+class Terminal:
+    """A pseudo-terminal for a viewer: unlike a pipe, it gets every frame as drawn."""
+
+    def __init__(self):
+        self.master, self.slave = pty.openpty()
+        self.seen = ""
+
+    def wait_for(self, text: str, timeout: float = 30) -> None:
+        def arrived():
+            while select.select([self.master], [], [], 0)[0]:
+                try:
+                    self.seen += os.read(self.master, 65536).decode(errors="replace")
+                except OSError:  # the viewer closed its side
+                    break
+            return text in self.seen
+        wait_until(arrived, timeout, f"{text!r} on the viewer's terminal",
+                   state=lambda: self.seen[-2000:])
+
+    def close(self) -> None:
+        os.close(self.master)
 
 
 def test_live_view_keeps_watching_when_its_server_stops(server_factory):
     """Without --once the view refreshes until interrupted (SIGINT: exit 0); a server
     that goes away is reported in the frame, not as a crash of the viewer."""
     server = server_factory(models=("identity",))
+    term = Terminal()
     viewer = subprocess.Popen([sys.executable, "-m", "shmserve.cli", "status", "--name",
                                server.name, "--interval", "0.1"], env=server.env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdin=subprocess.DEVNULL, stdout=term.slave, stderr=subprocess.PIPE,
+                              text=True)
+    os.close(term.slave)
     try:
-        # a pipe gets only the last frame: watch for the viewer's control connection
-        wait_until(lambda: has_socket(viewer.pid), 30, "the viewer to connect")
-        time.sleep(0.3)  # its first reply read: from now on it refreshes
+        term.wait_for(server.name)  # its first frame drawn: from now on it refreshes
         assert server.stop() == 0
-        time.sleep(0.5)  # a few refreshes find no server
+        term.wait_for("retrying")  # a refresh found no server
         assert viewer.poll() is None, viewer.communicate()
         viewer.send_signal(signal.SIGINT)
-        out, err = viewer.communicate(timeout=30)
+        _, err = viewer.communicate(timeout=30)
     finally:
         if viewer.poll() is None:
             viewer.kill()
             viewer.communicate()
-    assert viewer.returncode == 0, (out, err)
-    assert server.name in out and "retrying" in out, out
+        term.close()
+    assert viewer.returncode == 0, (term.seen, err)
