@@ -582,9 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-spin-us", type=int, default=200,
                    help="longest adaptive spin, used while requests arrive that often")
     s.add_argument("--cpu-watch-ms", type=_milliseconds, default=100, metavar="MS",
-                   help="how often the server measures the CPU other work takes; while it "
-                        "leaves no CPU idle, the server's and its clients' waiters sleep at "
-                        "once instead of spinning (0 = do not watch: spin whatever the load)")
+                   help="how often the server measures the CPU other work takes while a client "
+                        "is connected; while it leaves no CPU idle, the server's and its "
+                        "clients' waiters sleep at once instead of spinning (0 = do not watch: "
+                        "spin whatever the load)")
     s.add_argument("--exit-timeout-secs", type=float, default=30,
                    help="on SIGINT/SIGTERM/SIGHUP, wait this long for requests in flight (new "
                         "ones are refused meanwhile); a second signal stops at once")

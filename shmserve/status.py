@@ -178,7 +178,8 @@ def header(name: str, status: dict, rows: list[ModelRow]) -> Table:
     if watch:
         free = "-" if watch["free_cpus"] is None else f"{watch['free_cpus']:.1f}"
         spinning = ("off (crowded)" if watch["crowded"] else
-                    "on" if watch["interval_ms"] else "on (load not watched)")
+                    "on (load not watched)" if not watch["interval_ms"] else
+                    "on (no client: load not watched)" if watch.get("resting") else "on")
         grid.add_row(Text.assemble(("CPUs free of other work ", "dim"), f"{free} / {watch['cpus']}"),
                      Text.assemble(("spinning ", "dim"), spinning), "", "")
     return grid

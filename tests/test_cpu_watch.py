@@ -3,6 +3,7 @@ every waiter's spin policy reads (shms_spin.crowded in shms_wait.h): while other
 leaves no CPU idle, nobody spins; when it goes, spinning comes back."""
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import subprocess
@@ -15,7 +16,8 @@ import pytest
 
 from shmserve import _core
 from shmserve.protocol import LAYOUT as L
-from shmserve.server.cpu_watch import CpuWatch, ProcessClock, busy_cpu_seconds
+from shmserve.server.cpu_watch import CpuWatch, ProcessClock, busy_cpu_seconds, watch
+from shmserve.status import StatusSource
 
 from helpers import wait_until
 
@@ -92,6 +94,50 @@ def test_the_clocks_count_busy_time_and_skip_the_unknown():
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_watch_rests_while_no_client_is_connected():
+    """No client: a raised word is lowered and nothing is measured; a client connects:
+    the first interval starts, and the next is judged."""
+    state = CpuWatch(cpus=2, crowded=True, free_cpus=0.4)
+    published, connected = [], [False]
+
+    async def run():
+        stop = asyncio.Event()
+        task = asyncio.create_task(watch(state, 0.01, lambda: [os.getpid()], published.append,
+                                         stop, lambda: connected[0]))
+        await asyncio.sleep(0.1)
+        resting = state.status()
+        connected[0] = True
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if state.free_cpus is not None:
+                break
+        stop.set()
+        await task
+        return resting
+
+    resting = asyncio.run(run())
+    assert published[0] is False and (resting["crowded"], resting["free_cpus"]) == (False, None)
+    assert resting["resting"] and resting["changes"] == 1
+    assert not state.resting and state.free_cpus is not None
+
+
+def test_the_server_watches_only_while_clients_are_connected(server_factory):
+    server = server_factory(args=["--cpu-watch-ms", "20"])
+    viewer = StatusSource(server.name, 10)  # a bare control connection, not a client
+    watching = lambda: viewer.fetch()["cpu_watch"]  # noqa: E731
+    try:
+        wait_until(lambda: watching()["resting"], 30, "the watch to rest", state=watching)
+        client = server.client()
+        wait_until(lambda: watching()["free_cpus"] is not None, 30,
+                   "the watch to judge an interval", state=watching)
+        assert not watching()["resting"]
+        client.close()
+        wait_until(lambda: watching()["resting"], 30, "the watch to rest again", state=watching)
+        assert watching()["free_cpus"] is None
+    finally:
+        viewer.close()
 
 
 def busy_processes(n: int) -> list[subprocess.Popen]:

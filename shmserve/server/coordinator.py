@@ -378,7 +378,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         supervisor = asyncio.create_task(self.supervise(stop))
         watcher = (asyncio.create_task(watch_cpus(
             self.cpu_watch, self.opts.cpu_watch_ms / 1000, self.our_pids, self.publish_crowded,
-            stop)) if self.opts.cpu_watch_ms > 0 else None)
+            stop, lambda: bool(self.leases))) if self.opts.cpu_watch_ms > 0 else None)
         poller = (asyncio.create_task(self.poll_repository(stop))
                   if self.opts.model_control_mode == "poll" else None)
         await stop.wait()

@@ -31,6 +31,7 @@ log = logging.getLogger("shmserve.cpu_watch")
 
 CROWDED_BELOW = 1.5  # free CPUs under which waiters stop spinning ...
 CLEAR_MARGIN = 0.25  # ... and from this many more spin again (measurements are in ticks)
+RESTING_CHECK_S = 1.0  # with no client connected, look this often whether one came
 
 
 def busy_cpu_seconds(cpus: set[int]) -> float:
@@ -56,6 +57,7 @@ class CpuWatch:
     crowded: bool = False
     free_cpus: float | None = None  # of the last interval
     changes: int = 0  # how often `crowded` flipped
+    resting: bool = False  # no client is connected: nobody waits, nothing is measured
 
     @property
     def limit(self) -> float:
@@ -74,9 +76,19 @@ class CpuWatch:
         self.changes += changed
         return changed
 
+    def rest(self) -> bool:
+        """No client is connected: nothing is judged until one is, and `crowded` is
+        lowered. Returns whether `crowded` changed."""
+        self.resting, self.free_cpus = True, None
+        changed = self.crowded
+        self.crowded = False
+        self.changes += changed
+        return changed
+
     def status(self) -> dict:
         return {"crowded": self.crowded, "cpus": self.cpus, "changes": self.changes,
-                "free_cpus": None if self.free_cpus is None else round(self.free_cpus, 2)}
+                "free_cpus": None if self.free_cpus is None else round(self.free_cpus, 2),
+                "resting": self.resting}
 
 
 def started_since_boot(pid: int) -> float:
@@ -121,24 +133,37 @@ class ProcessClock:
 
 
 async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Iterable[int]],
-                publish: Callable[[bool], None], stop: asyncio.Event) -> None:
-    """Measures every interval_s until stop, and publishes each change of `crowded`."""
+                publish: Callable[[bool], None], stop: asyncio.Event,
+                clients: Callable[[], bool] = lambda: True) -> None:
+    """Measures every interval_s until stop, and publishes each change of `crowded`.
+    While clients() is false (no client connected) it rests, looking every
+    RESTING_CHECK_S whether one came: nobody waits then, and measuring every interval
+    would double what an idle coordinator costs (1.1 % of a CPU against 0.4 % without
+    the watch, 2-vCPU VM)."""
     cpus = os.sched_getaffinity(0)
     clock = ProcessClock()
-    clock.spent(our_pids())
-    wall, busy = time.monotonic(), busy_cpu_seconds(cpus)
+    baseline = True  # the next sample only starts an interval
     while not stop.is_set():
+        if not clients():
+            if state.rest():
+                publish(False)
+            baseline = True
+        elif baseline:
+            state.resting, baseline = False, False
+            clock.spent(our_pids())
+            wall, busy = time.monotonic(), busy_cpu_seconds(cpus)
+        else:
+            ours = clock.spent(our_pids())
+            now, busy_now = time.monotonic(), busy_cpu_seconds(cpus)
+            # an interval in which a running process became ours is not judged
+            if ours is not None and state.judge(busy_now - busy, ours, now - wall):
+                publish(state.crowded)
+                log.debug("CPUs %s: %.2f of %d left free by other work: waiters %s",
+                          "crowded" if state.crowded else "free again", state.free_cpus,
+                          state.cpus, "sleep at once" if state.crowded else "spin again")
+            wall, busy = now, busy_now
         try:
-            await asyncio.wait_for(stop.wait(), interval_s)
+            await asyncio.wait_for(stop.wait(), RESTING_CHECK_S if baseline else interval_s)
             break
         except asyncio.TimeoutError:
             pass
-        ours = clock.spent(our_pids())
-        now, busy_now = time.monotonic(), busy_cpu_seconds(cpus)
-        # an interval in which a running process became ours is not judged
-        if ours is not None and state.judge(busy_now - busy, ours, now - wall):
-            publish(state.crowded)
-            log.debug("CPUs %s: %.2f of %d left free by other work: waiters %s", 
-                      "crowded" if state.crowded else "free again", state.free_cpus,
-                      state.cpus, "sleep at once" if state.crowded else "spin again")
-        wall, busy = now, busy_now
