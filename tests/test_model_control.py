@@ -176,6 +176,43 @@ def test_unload_drains_in_flight_requests(server_factory):
     assert log.index("model unloading: 'sleeper'") < log.index("model unloaded: 'sleeper'")
 
 
+def test_a_batcher_restarted_during_an_unload_finishes_what_it_had_accepted(server_factory):
+    """kill -9 of the batcher while the model drains with two requests queued: its
+    successor takes them again under the handle the unload withdrew and they are
+    answered, while a request sent after the unload is still refused."""
+    import os
+    import signal
+
+    from test_lifecycle import _batcher_pid
+
+    server = server_factory(models=("identity",), setup=with_sleeper,
+                            args=EXPLICIT + ["--load-model", "*"])
+    with shmserve.Client(server.name) as a, shmserve.Client(server.name) as b:
+        x = np.full((1, 2), 1.0, np.float32)  # a second each
+        futures = [a.submit("sleeper", {"INPUT0": x}) for _ in range(3)]
+        wait_until(lambda: b.statistics("sleeper")[0]["shmserve"]["pending"] >= 2, 60,
+                   "two requests queued")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            unload = pool.submit(b.unload_model, "sleeper")
+            wait_until(lambda: index(a).get(("sleeper", "1"), ("",))[0] == "UNLOADING", 60,
+                       "sleeper UNLOADING", state=lambda: index(a))
+            batcher = _batcher_pid(server)
+            os.kill(batcher, signal.SIGKILL)
+
+            def restarted():
+                try:
+                    return _batcher_pid(server) != batcher
+                except AssertionError:  # none between the kill and the restart
+                    return False
+            wait_until(restarted, 60, "a new batcher")
+            for f in futures:  # accepted before the unload: answered, not refused as stale
+                np.testing.assert_array_equal(f.result(60)["OUTPUT0"], x)
+            with pytest.raises(errors.UnavailableError, match="'sleeper' version 1 was unloaded"):
+                a.infer("sleeper", {"INPUT0": x})
+            unload.result(60)
+    assert "recovered 2 request(s) held by the previous batcher" in server.log(), server.log()
+
+
 def test_load_unload_under_traffic_loses_nothing(server_factory):
     server = server_factory(models=("identity", "simple"), setup=with_versioned,
                             args=EXPLICIT + ["--load-model", "identity"])

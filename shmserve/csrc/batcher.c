@@ -238,7 +238,7 @@ static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
     if (!s || !sh) goto fail;
     char err[SHMS_ERROR_BYTES];
     int st = shms_take_request(s, e.generation, sh, e.client_id, e.slot, lease, models,
-                               h->n_models, data_offset, arena->size, err, sizeof err);
+                               h->n_models, data_offset, arena->size, NULL, err, sizeof err);
     if (st == SHMS_TAKE_STALE) continue;
     if (st != SHMS_OK) {
       stop = Py_BuildValue("(iIIIisI)", STOP_INVALID, e.client_id, e.slot, e.generation, st, err,

@@ -213,14 +213,16 @@ static inline int shms_validate_request(const shms_request *r, const shms_model_
  * against the model table. Returns SHMS_OK (sh->batch_rows set), an error status
  * with err filled (the caller answers the client), or SHMS_TAKE_STALE: the entry
  * was stale or a duplicate, nothing to answer. data_begin/data_end bound the
- * caller's tensor data in its arena.
+ * caller's tensor data in its arena. honoured (NULL: none) holds, by model index, a
+ * withdrawn handle still accepted: a restarted batcher taking again the requests its
+ * predecessor had accepted for a model that drains (unload), which must finish.
  * SYNC POINT: the CAS (seq_cst) pairs with the client's release store of SUBMITTED
  * in shms_slot_submit. */
 static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
                                     uint32_t client_id, uint32_t slot_index, uint32_t lease,
                                     const shms_model_entry *models, uint32_t n_models,
-                                    uint64_t data_begin, uint64_t data_end, char *err,
-                                    size_t err_bytes) {
+                                    uint64_t data_begin, uint64_t data_end,
+                                    const uint32_t *honoured, char *err, size_t err_bytes) {
   uint32_t expected = SHMS_SLOT_SUBMITTED;
   if (s->generation != gen || !shms_cas(&s->state, &expected, (uint32_t)SHMS_SLOT_QUEUED))
     return SHMS_TAKE_STALE;
@@ -252,7 +254,8 @@ static inline int shms_take_request(shms_slot *s, uint32_t gen, shms_shadow *sh,
   /* A handle resolved before the entry was withdrawn (unload, reload) or given to
    * another model: refused, the shadow keeps the handle (the batcher words the error). */
   if (handle >> SHMS_MODEL_INDEX_BITS !=
-      (shms_load(&m->generation, memory_order_acquire) & (UINT32_MAX >> SHMS_MODEL_INDEX_BITS))) {
+          (shms_load(&m->generation, memory_order_acquire) & (UINT32_MAX >> SHMS_MODEL_INDEX_BITS)) &&
+      !(honoured && honoured[model_id] == handle)) {
     snprintf(err, err_bytes, "stale model id %#x: its model was unloaded or reloaded; "
              "resolve the model name again", handle);
     return SHMS_ERR_UNAVAILABLE;

@@ -413,9 +413,11 @@ static PyObject *m_read_result(Mapping *self, PyObject *arg) {
 /* ---------------------------------------------------------------- server side */
 
 /* Batcher, on an arena mapping: take(slot_off, slot_index, generation, client_id,
- * lease, server, shadow_off, models_off, n_models, data_begin) claims the slot's
- * request into the shadow at shadow_off (server mapping) and validates the copy
- * (shms_take_request).
+ * lease, server, shadow_off, models_off, n_models, data_begin[, honoured]) claims the
+ * slot's request into the shadow at shadow_off (server mapping) and validates the copy
+ * (shms_take_request). honoured: n_models native u32 (bytes), a withdrawn handle by
+ * model index that is still accepted (a restarted batcher's recovered requests of a
+ * draining model), or None.
  * -> (model_id, batch_rows, shape_key, priority, timeout_us, parameters_offset,
  *     parameters_bytes, flags, sequence_id, sequence_id_offset, sequence_id_bytes) on
  *     success (the server copy's options),
@@ -425,18 +427,30 @@ static PyObject *m_take(Mapping *arena, PyObject *args) {
   Mapping *server;
   unsigned long long slot_off, shadow_off, models_off, data_begin;
   unsigned int gen, n_models, client_id, slot_index, lease;
-  if (!PyArg_ParseTuple(args, "KIIIIO!KKIK", &slot_off, &slot_index, &gen, &client_id, &lease,
-                        &MappingType, &server, &shadow_off, &models_off, &n_models, &data_begin))
+  Py_buffer honoured = {0};
+  if (!PyArg_ParseTuple(args, "KIIIIO!KKIK|z*", &slot_off, &slot_index, &gen, &client_id, &lease,
+                        &MappingType, &server, &shadow_off, &models_off, &n_models, &data_begin,
+                        &honoured))
     return NULL;
-  if (!arena_of(arena)) return NULL;
-  shms_slot *s = slot_at(arena, slot_off);
-  shms_shadow *sh = (shms_shadow *)shms_py_at(server, shadow_off, sizeof(shms_shadow), 8);
-  shms_model_entry *models = (shms_model_entry *)shms_py_at(
-      server, models_off, (uint64_t)n_models * sizeof(shms_model_entry), 8);
-  if (!s || !sh || !models) return NULL;
+  if (honoured.buf && honoured.len != (Py_ssize_t)((uint64_t)n_models * sizeof(uint32_t))) {
+    PyBuffer_Release(&honoured);
+    PyErr_SetString(PyExc_ValueError, "take: honoured must hold one u32 per model");
+    return NULL;
+  }
+  shms_slot *s = arena_of(arena) ? slot_at(arena, slot_off) : NULL;
+  shms_shadow *sh = s ? (shms_shadow *)shms_py_at(server, shadow_off, sizeof(shms_shadow), 8)
+                      : NULL;
+  shms_model_entry *models = sh ? (shms_model_entry *)shms_py_at(
+      server, models_off, (uint64_t)n_models * sizeof(shms_model_entry), 8) : NULL;
+  if (!s || !sh || !models) {
+    PyBuffer_Release(&honoured);
+    return NULL;
+  }
   char err[SHMS_ERROR_BYTES];
   int st = shms_take_request(s, gen, sh, client_id, slot_index, lease, models, n_models,
-                             data_begin, arena->size, err, sizeof err);
+                             data_begin, arena->size, (const uint32_t *)honoured.buf, err,
+                             sizeof err);
+  PyBuffer_Release(&honoured);
   if (st == SHMS_TAKE_STALE) Py_RETURN_NONE;
   if (st != SHMS_OK) return Py_BuildValue("(is)", st, err);
   int64_t key[SHMS_SHAPE_KEY_MAX];

@@ -54,6 +54,7 @@ class Model:
     workers: list[int]  # its instances' worker indexes
     scheduler: Scheduler
     offset: int  # its entry in the server segment (ServerLayout.model)
+    handle: int  # the handle requests name it by (withdrawn while it drains)
     mailboxes: list[int]  # its instances' mailbox offsets, as workers
     pending: int = 0  # queue length last written to the model's statistics
     pinned: bool = False  # sequence batching: each batch is for one named instance
@@ -130,7 +131,7 @@ class Batcher:
             scheduler.max_per_client = self.max_queued_per_client
         layout = self.maps.layout
         m = Model(d["model_id"], spec, list(d["workers"]), scheduler, layout.model(d["model_id"]),
-                  [layout.mailbox(w) for w in d["workers"]], pinned=scheduler.pinned,
+                  d["handle"], [layout.mailbox(w) for w in d["workers"]], pinned=scheduler.pinned,
                   draining=d.get("draining", False))
         if spec.preserve_ordering:  # a restarted batcher goes on after its predecessor's
             srv, layout = self.maps.srv, self.maps.layout
@@ -140,6 +141,8 @@ class Batcher:
         m.direct_ok = (scheduler.sends_lone_request_at_once() and not m.pinned
                        and not spec.preserve_ordering)
         m.overlap = spec.overlap and not m.pinned and not spec.preserve_ordering
+        # a restarted batcher words the refusals of a draining model's withdrawn handle
+        self.intake.stale.update({int(h): msg for h, msg in d.get("stale", {}).items()})
         m.next = [None] * len(m.workers)
         self.models.append(m)
         self.schedulers[m.model_id] = m.scheduler
@@ -424,7 +427,8 @@ def main() -> None:
     log.debug("batcher serving: %d model%s, %d worker%s", len(batcher.models),
               "s" * (len(batcher.models) != 1), batcher.maps.layout.n_workers,
               "s" * (batcher.maps.layout.n_workers != 1))
-    batcher.intake.recover()  # 0. requests a previous batcher held
+    # 0. requests a previous batcher held (those it accepted for an unloading model too)
+    batcher.intake.recover({m.model_id: m.handle for m in batcher.models if m.draining})
     batcher.serve_forever()
 
 

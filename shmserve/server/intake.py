@@ -11,6 +11,7 @@ a worker: invalid ones, and the Rejections of a scheduler (reject()).
 """
 from __future__ import annotations
 
+import array
 import dataclasses
 import logging
 from typing import Sequence
@@ -103,10 +104,11 @@ class Intake:
             self.consumed += ring.pos - start
         return took
 
-    def take(self, client_id: int, slot: int, gen: int) -> None:
+    def take(self, client_id: int, slot: int, gen: int, honoured: bytes | None = None) -> None:
         """Claims, copies and validates one request whose arena may need mapping first
         (the path drain()'s C call leaves here; also the sweep's and recovery's); answers
-        it at once if invalid, else hands it to its model's scheduler."""
+        it at once if invalid, else hands it to its model's scheduler. honoured: the
+        withdrawn handles still accepted, by model index (recover())."""
         layout = self.maps.layout
         if client_id >= layout.max_clients or slot >= layout.slots_per_client:
             return  # malformed entry: there is no slot to answer
@@ -119,7 +121,7 @@ class Intake:
         try:
             taken = arena.ops.take(slot_off, slot, gen, client_id, lease, self.maps.srv,
                                    layout.shadow(client_id, slot), layout.models_offset,
-                                   self.n_models, alayout.data_offset)
+                                   self.n_models, alayout.data_offset, honoured)
         except (IndexError, ValueError) as e:  # arena header destroyed by its owner
             log.warning("client %d: unusable request descriptor: %s", client_id, e)
             return
@@ -294,11 +296,13 @@ class Intake:
             self.leases_dropped_at = now
         self.sweep_at = now_ns() + (DAMAGED_SWEEP_NS if damaged else SWEEP_NS)
 
-    def recover(self) -> int:
+    def recover(self, draining: dict[int, int] | None = None) -> int:
         """After a restart: takes again every request a previous batcher had claimed
         but not handed to a worker (QUEUED outside any assigned mailbox), and every
         SUBMITTED request whose ring entry it had popped. On a first start there are
-        no clients and nothing to do."""
+        no clients and nothing to do. draining: {model index: its withdrawn handle} of
+        the models that unload; the requests the previous batcher had accepted for them
+        finish, as they would have (a SUBMITTED one was not accepted yet: refused)."""
         layout, srv = self.maps.layout, self.maps.srv
         assigned = set()
         for w in range(layout.n_workers):
@@ -306,12 +310,19 @@ class Intake:
             assigned.update(srv.mailbox_next(mb))  # a next batch waiting (repaired first)
             if srv.load32(mb + L["mailbox.state"]) != MailboxState.IDLE:
                 assigned.update(srv.mailbox_batch(mb))
-        recovered = self.sweep(requeue_unassigned=assigned, min_age_ns=0)
+        honoured = None
+        if draining:
+            handles = array.array("I", [0xFFFFFFFF] * self.n_models)  # no handle is that
+            for index, handle in draining.items():
+                handles[index] = handle
+            honoured = handles.tobytes()
+        recovered = self.sweep(requeue_unassigned=assigned, min_age_ns=0, honoured=honoured)
         if recovered:
             log.warning("recovered %d request(s) held by the previous batcher", recovered)
         return recovered
 
-    def sweep(self, requeue_unassigned: set[int] | None = None, min_age_ns: int = SWEEP_NS // 10) -> int:
+    def sweep(self, requeue_unassigned: set[int] | None = None, min_age_ns: int = SWEEP_NS // 10,
+              honoured: bytes | None = None) -> int:
         """Takes every SUBMITTED request of a live lease that the ring does not hold:
         its entry was lost (a client overwrote ring cells) or popped by a batcher that
         died. Slot states, in each client's own arena, are the truth; the ring only
@@ -335,10 +346,12 @@ class Intake:
                 # SYNC POINT: the seq_cst load pairs with the client's release store of
                 # SUBMITTED (shms_slot_submit); take() re-checks it with its CAS.
                 st = arena.ops.load32(off + L["slot.state"])
+                accepted = None  # the withdrawn handles honoured for this request
                 if st == SlotState.QUEUED and requeue_unassigned is not None \
                         and layout.shadow_index(client_id, slot) not in requeue_unassigned:
                     if not arena.ops.cas32(off + L["slot.state"], SlotState.QUEUED, SlotState.SUBMITTED):
                         continue
+                    accepted = honoured  # a predecessor accepted it
                 elif st != SlotState.SUBMITTED:
                     continue
                 elif now - arena.ops.load64(off + ENQUEUE_STAMP) < min_age_ns:
@@ -346,6 +359,6 @@ class Intake:
                 gen = arena.ops.load32(off + L["slot.generation"])
                 if (client_id, slot, gen) in in_ring:
                     continue
-                self.take(client_id, slot, gen)
+                self.take(client_id, slot, gen, accepted)
                 taken += 1
         return taken

@@ -64,6 +64,7 @@ class Entry:
     mailboxes: list[int]  # their worker indexes
     state: str = LOADING
     loaded_s: float = 0.0
+    withdrawn_as: str = ""  # unloading: what a request naming its handle is told
 
     @property
     def handle(self) -> int:
@@ -211,7 +212,8 @@ class ModelControl:
     def batcher_models(self) -> list[dict]:
         """The table as a (re)starting batcher boots with it."""
         return [{"model_id": e.index, "handle": e.handle, "spec": e.spec.to_dict(),
-                 "workers": e.mailboxes, "draining": e.state == UNLOADING}
+                 "workers": e.mailboxes, "draining": e.state == UNLOADING,
+                 "stale": {str(e.handle): e.withdrawn_as} if e.withdrawn_as else {}}
                 for e in self.table.all()]
 
     def tell_batcher(self, message: dict) -> None:
@@ -486,9 +488,10 @@ class ModelControl:
                                     self.table.withdraw(e))
             what = ("reloaded: resolve the model name again" if reloaded and was == READY
                     else "unloaded")
-            self.tell_batcher({"op": "drain", "model_id": e.index, "stale": {
-                str(old): f"model '{e.name}' version {e.version} was {what} "
-                          f"({P.STALE_MODEL_ID} {old:#x})"}})
+            e.withdrawn_as = (f"model '{e.name}' version {e.version} was {what} "
+                              f"({P.STALE_MODEL_ID} {old:#x})")
+            self.tell_batcher({"op": "drain", "model_id": e.index,
+                               "stale": {str(old): e.withdrawn_as}})
             log.info("model unloading: '%s' version %d", e.name, e.version)
         deadline = time.monotonic() + self.opts.exit_timeout_s
         left = list(entries)

@@ -154,7 +154,7 @@ static void fuzz_take(reader *in) {
   memset(err, 0x5A, sizeof err);
 
   int rc = shms_take_request(s, ENTRY_GEN, shadow, 0, slot_index, 1, models, n_models,
-                             a->g.data_offset, a->g.segment_bytes, err, sizeof err);
+                             a->g.data_offset, a->g.segment_bytes, NULL, err, sizeof err);
   int stale = state != SHMS_SLOT_SUBMITTED || slot_gen != ENTRY_GEN;
   if (rc == SHMS_TAKE_STALE) {
     CHECK(stale, "a SUBMITTED slot of the entry's generation was not taken");
