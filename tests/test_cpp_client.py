@@ -81,9 +81,11 @@ def test_cpp_example_program(cpp_build, main_server):
              env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
     assert "OUTPUT0 INT32 [1, 16]: 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16" in r.stdout
     assert "OUTPUT1 INT32 [1, 16]: -1 0 1 2" in r.stdout
-    r = _run([cpp_build / "shmserve_latency", "--name", main_server.name, "--requests", "200",
-              "--warmup", "20"], env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
-    assert "p50" in r.stdout
+    for spin in ("100", "0"):  # 0: the caller sleeps at once (run_all's client-work figure)
+        r = _run([cpp_build / "shmserve_latency", "--name", main_server.name, "--requests", "200",
+                  "--warmup", "20", "--spin-us", spin],
+                 env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
+        assert f"spin {spin} us, 200 requests: p50" in r.stdout, r.stdout
 
 
 def _inputs_for(model: str, rng) -> dict:

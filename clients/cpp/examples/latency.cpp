@@ -1,20 +1,31 @@
 // shmserve_latency: round trips of `identity` at concurrency 1 (default 4 KiB FP32),
 // p50/p90/p99 over N timed requests after a warm-up; every answer checked.
 //   shmserve_latency [--name SERVER] [--requests 20000] [--elements 1024] [--zero-copy]
+//                    [--spin-us N]   (the client's spin before it sleeps; default 100)
 #include <shmserve/client.hpp>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 
+// CPU seconds (user + system) this process used so far.
+static double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 int main(int argc, char **argv) {
-  std::string server = "default";
+  shmserve::Options options;
   long requests = 20000, warmup = 1000, elements = 1024;
   bool zero_copy = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
-    if (a == "--name" && i + 1 < argc) server = argv[++i];
+    if (a == "--name" && i + 1 < argc) options.name = argv[++i];
+    else if (a == "--spin-us" && i + 1 < argc) options.spin_us = std::atol(argv[++i]);
     else if (a == "--requests" && i + 1 < argc) requests = std::atol(argv[++i]);
     else if (a == "--warmup" && i + 1 < argc) warmup = std::atol(argv[++i]);
     else if (a == "--elements" && i + 1 < argc) elements = std::atol(argv[++i]);
@@ -22,14 +33,16 @@ int main(int argc, char **argv) {
     else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
   }
   try {
-    shmserve::Client client(server);
+    shmserve::Client client(options);
     std::vector<float> x(elements);
     for (long i = 0; i < elements; i++) x[i] = 0.25f * i;
     shmserve::Tensor t = client.alloc(shmserve::DType::FP32, {1, elements});
     std::memcpy(t.data(), x.data(), x.size() * 4);
     std::vector<double> us;
     us.reserve(requests);
+    double cpu0 = 0;
     for (long i = 0; i < warmup + requests; i++) {
+      if (i == warmup) cpu0 = cpu_seconds();  // the timed requests' CPU, not start-up's
       auto t0 = std::chrono::steady_clock::now();
       shmserve::Result r = zero_copy ? client.infer("identity", {{"INPUT0", t}})
                                      : client.infer("identity", {{"INPUT0", {1, elements}, x}});
@@ -41,15 +54,16 @@ int main(int argc, char **argv) {
       }
       if (i >= warmup) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
     }
+    double cpu_us = 1e6 * (cpu_seconds() - cpu0) / requests;
     std::sort(us.begin(), us.end());
     auto pct = [&](double q) { return us[std::min(us.size() - 1, size_t(q / 100.0 * us.size()))]; };
     double mean = 0;
     for (double v : us) mean += v;
     mean /= us.size();
-    std::printf("C++ client, identity %ld bytes, concurrency 1, %s, %zu requests: "
-                "p50 %.1f us  p90 %.1f us  p99 %.1f us  mean %.1f us\n",
-                elements * 4, zero_copy ? "zero-copy input" : "copied input", us.size(), pct(50),
-                pct(90), pct(99), mean);
+    std::printf("C++ client, identity %ld bytes, concurrency 1, %s, spin %lld us, %zu requests: "
+                "p50 %.1f us  p90 %.1f us  p99 %.1f us  mean %.1f us  cpu %.2f us/request\n",
+                elements * 4, zero_copy ? "zero-copy input" : "copied input",
+                (long long)options.spin_us, us.size(), pct(50), pct(90), pct(99), mean, cpu_us);
   } catch (const shmserve::Error &e) {
     std::fprintf(stderr, "shmserve_latency: %s: %s\n", shmserve::status_name(e.status()), e.what());
     return 1;
