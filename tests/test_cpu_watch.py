@@ -100,13 +100,18 @@ def test_the_watch_rests_while_no_client_is_connected():
     """No client: a raised word is lowered and nothing is measured; a client connects:
     the first interval starts, and the next is judged."""
     state = CpuWatch(cpus=2, crowded=True, free_cpus=0.4)
-    published, connected = [], [False]
+    published, connected, measured = [], [False], []
+
+    def our_pids():
+        measured.append(connected[0])
+        return [os.getpid()]
 
     async def run():
         stop = asyncio.Event()
-        task = asyncio.create_task(watch(state, 0.01, lambda: [os.getpid()], published.append,
+        task = asyncio.create_task(watch(state, 0.01, our_pids, published.append,
                                          stop, lambda: connected[0]))
         await asyncio.sleep(0.1)
+        assert not measured  # resting: no process was read
         resting = state.status()
         connected[0] = True
         for _ in range(500):

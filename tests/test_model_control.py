@@ -162,8 +162,12 @@ def test_unload_drains_in_flight_requests(server_factory, batcher_killed):
     server = server_factory(models=("identity",), setup=with_sleeper,
                             args=EXPLICIT + ["--load-model", "*"])
     with shmserve.Client(server.name) as a, shmserve.Client(server.name) as b:
-        x = np.full((1, 2), 1.0 if batcher_killed else 0.3, np.float32)  # seconds each
-        futures = [a.submit("sleeper", {"INPUT0": x}) for _ in range(3)]
+        # seconds each; with a kill, the first runs long enough for the kill to find the
+        # other two still queued
+        xs = [np.full((1, 2), s, np.float32)
+              for s in ((3.0, 0.3, 0.3) if batcher_killed else (0.3, 0.3, 0.3))]
+        x = xs[-1]
+        futures = [a.submit("sleeper", {"INPUT0": v}) for v in xs]
         # one executes, two wait in the batcher's queue: all three are the server's now
         wait_until(lambda: b.statistics("sleeper")[0]["shmserve"]["pending"] >= 2, 60,
                    "two requests queued")
@@ -176,8 +180,8 @@ def test_unload_drains_in_flight_requests(server_factory, batcher_killed):
                 kill_batcher(server)
             with pytest.raises(errors.UnavailableError, match="'sleeper' version 1 was unloaded"):
                 a.infer("sleeper", {"INPUT0": x})
-            for f in futures:  # in flight before the unload: answered
-                np.testing.assert_array_equal(f.result(60)["OUTPUT0"], x)
+            for f, v in zip(futures, xs):  # in flight before the unload: answered
+                np.testing.assert_array_equal(f.result(60)["OUTPUT0"], v)
             unload.result(60)
         assert (a.infer("identity", {"INPUT0": x})["OUTPUT0"] == x).all()
     log = server.log()

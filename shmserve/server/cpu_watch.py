@@ -138,8 +138,8 @@ async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Itera
     """Measures every interval_s until stop, and publishes each change of `crowded`.
     While clients() is false (no client connected) it rests, looking every
     RESTING_CHECK_S whether one came: nobody waits then, and measuring every interval
-    would double what an idle coordinator costs (1.1 % of a CPU against 0.4 % without
-    the watch, 2-vCPU VM)."""
+    would double what an idle coordinator costs (docs/architecture.md, "The CPU
+    watch"). An HTTP or gRPC front holds a lease, so with fronts it never rests."""
     cpus = os.sched_getaffinity(0)
     clock = ProcessClock()
     baseline = True  # the next sample only starts an interval

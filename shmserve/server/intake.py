@@ -357,7 +357,10 @@ class Intake:
                 elif now - arena.ops.load64(off + ENQUEUE_STAMP) < min_age_ns:
                     continue
                 gen = arena.ops.load32(off + L["slot.generation"])
-                if (client_id, slot, gen) in in_ring:
+                # a request taken back from QUEUED is taken here even if a late duplicate
+                # entry is in the ring (which take() then ignores): its ring entry would
+                # come without the honoured handles
+                if accepted is None and (client_id, slot, gen) in in_ring:
                     continue
                 self.take(client_id, slot, gen, accepted)
                 taken += 1

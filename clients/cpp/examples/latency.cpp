@@ -32,6 +32,10 @@ int main(int argc, char **argv) {
     else if (a == "--zero-copy") zero_copy = true;
     else { std::fprintf(stderr, "unknown argument %s\n", a.c_str()); return 2; }
   }
+  if (requests < 1 || warmup < 0 || elements < 1) {
+    std::fprintf(stderr, "--requests and --elements must be at least 1, --warmup at least 0\n");
+    return 2;
+  }
   try {
     shmserve::Client client(options);
     std::vector<float> x(elements);
