@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -326,6 +328,17 @@ def front_server(tmp_path_factory, write_repository, prefix: str, port: int, arg
             client.close()
         mp.undo()
         servers.close()  # stops the server, failing on what it left behind
+
+
+def cpu_bound_process() -> subprocess.Popen:
+    """A process that spins on the CPU, returned once its interpreter has started: while
+    it still starts up it blocks on page faults and hands a yielded CPU back early, which
+    cuts a spin without losing a slice (seen in CI). Stop it with kill() + communicate()."""
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import sys; print('spinning', flush=True)\nwhile True: pass"],
+        stdout=subprocess.PIPE, text=True)
+    assert busy.stdout.readline() == "spinning\n"
+    return busy
 
 
 def wait_until(predicate, timeout: float, what: str, *, state=None, interval: float = 0.02):

@@ -19,7 +19,7 @@ from shmserve.protocol import LAYOUT as L
 from shmserve.server.cpu_watch import CpuWatch, ProcessClock, busy_cpu_seconds, watch
 from shmserve.status import StatusSource
 
-from helpers import wait_until
+from helpers import cpu_bound_process, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -146,7 +146,7 @@ def test_the_server_watches_only_while_clients_are_connected(server_factory):
 
 
 def busy_processes(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    return [cpu_bound_process() for _ in range(n)]
 
 
 def test_the_server_stops_spinning_while_other_work_takes_the_cpus(server_factory):
@@ -171,7 +171,7 @@ def test_the_server_stops_spinning_while_other_work_takes_the_cpus(server_factor
         for p in busy:
             p.kill()
         for p in busy:
-            p.wait()
+            p.communicate()
     wait_until(lambda: not watch()["crowded"], 60, "the watch to see the CPUs free again",
                state=watch)
     assert ctl.load32(L["control.crowded"]) == 0 and core.spin_budget() > 0
@@ -191,4 +191,4 @@ def test_a_server_that_does_not_watch_never_raises_the_word(server_factory):
         for p in busy:
             p.kill()
         for p in busy:
-            p.wait()
+            p.communicate()

@@ -5,27 +5,15 @@ from __future__ import annotations
 
 import mmap
 import os
-import subprocess
-import sys
 
 import pytest
 
+from helpers import cpu_bound_process
 from shmserve import _core
 
 pytestmark = pytest.mark.timeout(60)
 
 BACKOFF_WAITS = 256  # SHMS_SPIN_BACKOFF_WAITS
-
-
-def _cpu_bound_process() -> subprocess.Popen:
-    """A process that spins on the CPU, returned once its interpreter has started: while
-    it still starts up it blocks on page faults and hands a yielded CPU back early, which
-    cuts a spin without losing a slice (seen in CI)."""
-    busy = subprocess.Popen(
-        [sys.executable, "-c", "import sys; print('spinning', flush=True)\nwhile True: pass"],
-        stdout=subprocess.PIPE, text=True)
-    assert busy.stdout.readline() == "spinning\n"
-    return busy
 
 
 def test_waits_feed_the_policy():
@@ -49,7 +37,7 @@ def test_a_preempted_spin_backs_off_then_probes_again():
     next BACKOFF_WAITS waits do not spin, the one after spins again."""
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
-    busy = _cpu_bound_process()
+    busy = cpu_bound_process()
     ops = _core.Mapping(mmap.mmap(-1, 4096))
     try:
         os.sched_setaffinity(busy.pid, {cpu})
@@ -85,7 +73,7 @@ def test_a_callers_preempted_spin_backs_off_too(server_factory):
     assert core.spin_budget() == 2_000_000_000
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
-    busy = _cpu_bound_process()
+    busy = cpu_bound_process()
     x = np.ones((1, 16), np.float32)
     try:
         os.sched_setaffinity(busy.pid, {cpu})

@@ -223,16 +223,25 @@ class Terminal:
         self.master, self.slave = pty.openpty()
         self.seen = ""
 
+    def read(self) -> str:
+        """What the viewer drew so far (everything available is read now)."""
+        while select.select([self.master], [], [], 0)[0]:
+            try:
+                self.seen += os.read(self.master, 65536).decode(errors="replace")
+            except OSError:  # the viewer closed its side
+                break
+        return self.seen
+
     def wait_for(self, text: str, timeout: float = 30) -> None:
-        def arrived():
-            while select.select([self.master], [], [], 0)[0]:
-                try:
-                    self.seen += os.read(self.master, 65536).decode(errors="replace")
-                except OSError:  # the viewer closed its side
-                    break
-            return text in self.seen
-        wait_until(arrived, timeout, f"{text!r} on the viewer's terminal",
+        wait_until(lambda: text in self.read(), timeout, f"{text!r} on the viewer's terminal",
                    state=lambda: self.seen[-2000:])
+
+    def read_until_exit(self, proc: subprocess.Popen, timeout: float = 30) -> None:
+        """Keeps reading until proc ends, so that its last frames never fill the terminal."""
+        def ended():
+            self.read()
+            return proc.poll() is not None
+        wait_until(ended, timeout, "the viewer to exit")
 
     def close(self) -> None:
         os.close(self.master)
@@ -254,6 +263,7 @@ def test_live_view_keeps_watching_when_its_server_stops(server_factory):
         term.wait_for("retrying")  # a refresh found no server
         assert viewer.poll() is None, viewer.communicate()
         viewer.send_signal(signal.SIGINT)
+        term.read_until_exit(viewer)
         _, err = viewer.communicate(timeout=30)
     finally:
         if viewer.poll() is None:
