@@ -843,16 +843,16 @@ async def serve(boot: dict, client: Client) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
 
-    def on_stop():
-        # The coordinator's shutdown may signal again while this front stops; the
-        # loop's close would put the default (deadly) action back: ignored from now on.
+    def on_stop(*_):
+        # The coordinator's shutdown may signal again while this front stops: ignored
+        # from now on, in one step. (The loop's own signal handlers would put the
+        # deadly default back when removed or when the loop closes: a window.)
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
-        stop.set()
+        loop.call_soon_threadsafe(stop.set)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_stop)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # uvloop wakes for them (its wakeup fd)
+        signal.signal(sig, on_stop)
     await stop.wait()
     service.closing.set()
     await server.stop(2)  # requests in flight get 2 s to finish, as the HTTP front's

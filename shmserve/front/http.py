@@ -483,8 +483,10 @@ def main() -> None:
         uvloop.run(serve())
     finally:
         # The coordinator's shutdown may send a second SIGTERM while this process
-        # exits, when Python has put the default handlers back: it must not kill it.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        # exits, when Python would put the default handlers back: ignored, in one step
+        # (a mask would cover this thread only, not the engine's poller thread).
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
         client.close()
 
 
