@@ -86,6 +86,13 @@ def test_cpp_example_program(cpp_build, main_server):
                   "--warmup", "20", "--spin-us", spin],
                  env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
         assert f"spin {spin} us, 200 requests: p50" in r.stdout, r.stdout
+    # several in flight from one thread (run_all's client figure at mlp 32): every
+    # identity answer is still checked against its input
+    r = _run([cpp_build / "shmserve_latency", "--name", main_server.name, "--requests", "300",
+              "--warmup", "20", "--model", "identity", "--concurrency", "8"],
+             env={"SHMSERVE_RUNTIME_DIR": str(main_server.runtime_dir)})
+    assert "identity 4096 bytes, concurrency 8, copied input" in r.stdout, r.stdout
+    assert "300 requests: p50" in r.stdout, r.stdout
 
 
 def _inputs_for(model: str, rng) -> dict:
