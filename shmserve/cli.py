@@ -196,6 +196,7 @@ def cmd_serve(args) -> int:
                             max_clients=args.max_clients, slots_per_client=args.slots_per_client,
                             max_arena_bytes=args.max_arena_bytes, spin_us=args.spin_us,
                             max_spin_us=args.max_spin_us, cpu_watch_ms=args.cpu_watch_ms,
+                            colocate_when_crowded=args.colocate_when_crowded,
                             load_timeout_s=args.load_timeout,
                             idle_check_ms=args.idle_check_ms,
                             max_queued_per_client=args.max_queued_per_client,
@@ -586,6 +587,11 @@ def main(argv: list[str] | None = None) -> int:
                         "is connected; while it leaves no CPU idle, the server's and its "
                         "clients' waiters sleep at once instead of spinning (0 = do not watch: "
                         "spin whatever the load)")
+    s.add_argument("--colocate-when-crowded", type=_bool, default=True, metavar="BOOL",
+                   help="while the CPU watch finds every CPU crowded, run the batcher and the "
+                        "workers on the CPU their callers run on (a wake-up there preempts the "
+                        "other work at once; one elsewhere waits for an interrupt): lower "
+                        "latency, less throughput on a crowded machine (default true)")
     s.add_argument("--exit-timeout-secs", type=float, default=30,
                    help="on SIGINT/SIGTERM/SIGHUP, wait this long for requests in flight (new "
                         "ones are refused meanwhile); a second signal stops at once")

@@ -180,8 +180,12 @@ def header(name: str, status: dict, rows: list[ModelRow]) -> Table:
         spinning = ("off (crowded)" if watch["crowded"] else
                     "on (load not watched)" if not watch["interval_ms"] else
                     "on (no client: load not watched)" if watch.get("resting") else "on")
+        home = watch.get("home_cpu")  # placement.py: servers before it have none
+        placed = (f"CPU {home} (with the callers)" if home is not None else
+                  "any CPU" if watch.get("colocate", True) else "any CPU (colocation off)")
         grid.add_row(Text.assemble(("CPUs free of other work ", "dim"), f"{free} / {watch['cpus']}"),
-                     Text.assemble(("spinning ", "dim"), spinning), "", "")
+                     Text.assemble(("spinning ", "dim"), spinning),
+                     Text.assemble(("server runs on ", "dim"), placed), "")
     return grid
 
 

@@ -17,6 +17,7 @@ import pytest
 from shmserve import _core
 from shmserve.protocol import LAYOUT as L
 from shmserve.server.cpu_watch import CpuWatch, ProcessClock, busy_cpu_seconds, watch
+from shmserve.server.placement import Placement
 from shmserve.status import StatusSource
 
 from helpers import cpu_bound_process, wait_until
@@ -192,3 +193,81 @@ def test_a_server_that_does_not_watch_never_raises_the_word(server_factory):
             p.kill()
         for p in busy:
             p.communicate()
+
+
+# -- placement.py: crowded, the server runs where its callers run ---------------------
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                    reason="colocation needs at least 2 CPUs to choose from")
+
+
+def server_processes(server) -> list[psutil.Process]:
+    return [p for p in psutil.Process(server.pid).children()
+            if any(m in p.cmdline() for m in ("shmserve.server.batcher", "shmserve.server.worker"))]
+
+
+def affinities(procs: list[psutil.Process]) -> set[frozenset]:
+    """The affinity of every thread of these processes."""
+    return {frozenset(os.sched_getaffinity(t.id)) for p in procs for t in p.threads()}
+
+
+@needs_two_cpus
+def test_placement_finds_the_cpu_its_callers_ran_on():
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    busy = cpu_bound_process()  # pinned below: its CPU time is all on `cpu`
+    try:
+        os.sched_setaffinity(busy.pid, {cpu})
+        placement = Placement(allowed)
+        assert placement.caller_cpu([busy.pid]) is None  # a first look has nothing to compare
+        time.sleep(0.2)
+        assert placement.caller_cpu([busy.pid]) == cpu
+        assert placement.caller_cpu([999_999_999]) is None  # gone: no CPU, no error
+    finally:
+        busy.kill()
+        busy.communicate()
+
+
+@needs_two_cpus
+@pytest.mark.parametrize("colocate", [True, False])
+def test_a_crowded_server_runs_on_its_callers_cpu_then_everywhere_again(server_factory, colocate):
+    """Busy processes on every CPU and a caller on one: the batcher and the workers are
+    pinned there (every thread) while crowded, and get every CPU back after; with
+    --colocate-when-crowded false they are never moved."""
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    server = server_factory(args=["--cpu-watch-ms", "50",
+                                  "--colocate-when-crowded", str(colocate).lower()])
+    client = server.client()
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    watch = lambda: client.server_status()["cpu_watch"]  # noqa: E731
+    procs = server_processes(server)
+    assert procs and affinities(procs) == {frozenset(allowed)}
+    busy = busy_processes(len(allowed))
+    os.sched_setaffinity(0, {cpu})  # this test's thread is the caller
+    try:
+        def calling(check):
+            def step():
+                for _ in range(50):
+                    np.testing.assert_array_equal(client.infer("identity", [x], copy=True)["OUTPUT0"], x)
+                return check()
+            return step
+        wait_until(calling(lambda: watch()["crowded"]), 60, "the watch to see the CPUs crowded",
+                   state=watch)
+        if colocate:
+            wait_until(calling(lambda: watch()["home_cpu"] == cpu
+                               and affinities(procs) == {frozenset({cpu})}), 60,
+                       f"the server's threads pinned to CPU {cpu}", state=watch)
+        else:
+            calling(lambda: None)()
+            time.sleep(0.3)  # several intervals of the watch
+            assert watch()["home_cpu"] is None and affinities(procs) == {frozenset(allowed)}
+    finally:
+        os.sched_setaffinity(0, allowed)
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.communicate()
+    wait_until(lambda: not watch()["crowded"] and watch()["home_cpu"] is None, 60,
+               "the watch to see the CPUs free again", state=watch)
+    assert affinities(procs) == {frozenset(allowed)}

@@ -203,7 +203,9 @@ class ControlPlane:
                             "wakeups": {w.name: self.server.ops.load64(
                                 L["server.batcher_wakeups"] + 8 * w)
                                 for w in (P.Wake.SPIN, P.Wake.SLEEP)}},
-                "cpu_watch": {**self.cpu_watch.status(), "interval_ms": self.opts.cpu_watch_ms},
+                "cpu_watch": {**self.cpu_watch.status(), "interval_ms": self.opts.cpu_watch_ms,
+                              "colocate": self.opts.colocate_when_crowded,
+                              **self.placement.status()},
                 "uptime_s": time.monotonic() - self.started_at}
 
     def instance_rows(self, entry) -> list[dict]:

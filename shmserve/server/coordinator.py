@@ -24,6 +24,7 @@ from ..segments import Segment, socket_path
 from . import devices
 from .control import ControlPlane
 from .cpu_watch import CpuWatch, watch as watch_cpus
+from .placement import Placement
 from .models import ModelControl, ModelTable, version_fingerprint
 from .repository import (ModelProblem, ModelSpec, load_model, model_fingerprint,
                          problems_message, scan_repository)
@@ -51,6 +52,7 @@ class ServeOptions:
     spin_us: int = 50  # batcher and workers spin (yielding) at least this long before sleeping
     max_spin_us: int = 200  # ... and up to this long when requests come that often
     cpu_watch_ms: int = 100  # how often cpu_watch looks for an idle CPU to spin on; 0: never
+    colocate_when_crowded: bool = True  # crowded: batcher and workers on the callers' CPU
     load_timeout_s: float = 120.0
     exit_timeout_s: float = 30.0  # a stop waits this long for requests in flight (Triton's)
     cuda_pools: dict = dataclasses.field(default_factory=dict)  # GPU -> bytes (devices.py)
@@ -150,6 +152,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.traces = None  # tracing.TraceSink (its pipe stays while tracing is off)
         self.settings = None  # settings.RuntimeSettings: the logging and trace extensions'
         self.cpu_watch = CpuWatch(len(os.sched_getaffinity(0)))
+        self.placement = Placement(os.sched_getaffinity(0))
         self.port_claims: list[socket.socket] = []  # --http-port/--grpc-port, bound before the start
         self.system_shm = SystemShmRegistry()  # regions registered through the fronts
 
@@ -310,6 +313,15 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         return ([os.getpid()] + [c.proc.pid for c in self.children if c.proc]
                 + [lease["pid"] for lease in self.leases.values()])
 
+    def place(self, crowded: bool) -> None:
+        """cpu_watch's verdict, to where the batcher and the workers run (placement.py)."""
+        server = [c.proc.pid for c in self.children
+                  if c.proc and c.role in ("batcher", "worker")]
+        if crowded and self.opts.colocate_when_crowded:
+            self.placement.follow([lease["pid"] for lease in self.leases.values()], server)
+        else:
+            self.placement.release(server)
+
     def publish_crowded(self, crowded: bool) -> None:
         """cpu_watch's verdict, to the clients' waiters and to the server's own."""
         self.control.ops.store32(L["control.crowded"], int(crowded))
@@ -378,7 +390,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         supervisor = asyncio.create_task(self.supervise(stop))
         watcher = (asyncio.create_task(watch_cpus(
             self.cpu_watch, self.opts.cpu_watch_ms / 1000, self.our_pids, self.publish_crowded,
-            stop, lambda: bool(self.leases))) if self.opts.cpu_watch_ms > 0 else None)
+            stop, lambda: bool(self.leases), self.place)) if self.opts.cpu_watch_ms > 0 else None)
         poller = (asyncio.create_task(self.poll_repository(stop))
                   if self.opts.model_control_mode == "poll" else None)
         await stop.wait()

@@ -134,8 +134,10 @@ class ProcessClock:
 
 async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Iterable[int]],
                 publish: Callable[[bool], None], stop: asyncio.Event,
-                clients: Callable[[], bool] = lambda: True) -> None:
-    """Measures every interval_s until stop, and publishes each change of `crowded`.
+                clients: Callable[[], bool] = lambda: True,
+                place: Callable[[bool], None] = lambda crowded: None) -> None:
+    """Measures every interval_s until stop, and publishes each change of `crowded`;
+    place(crowded) after every judged interval and when it rests (placement.py).
     While clients() is false (no client connected) it rests, looking every
     RESTING_CHECK_S whether one came: nobody waits then, and measuring every interval
     would double what an idle coordinator costs (docs/architecture.md, "The CPU
@@ -147,6 +149,7 @@ async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Itera
         if not clients():
             if state.rest():
                 publish(False)
+            place(False)
             baseline = True
         elif baseline:
             state.resting, baseline = False, False
@@ -161,6 +164,8 @@ async def watch(state: CpuWatch, interval_s: float, our_pids: Callable[[], Itera
                 log.debug("CPUs %s: %.2f of %d left free by other work: waiters %s",
                           "crowded" if state.crowded else "free again", state.free_cpus,
                           state.cpus, "sleep at once" if state.crowded else "spin again")
+            if ours is not None:
+                place(state.crowded)
             wall, busy = now, busy_now
         try:
             await asyncio.wait_for(stop.wait(), RESTING_CHECK_S if baseline else interval_s)
