@@ -66,6 +66,7 @@ TRITON_GRPC = "127.0.0.1:18001"
 IDENTITY = {"4KiB": 1024, "1MiB": 262144}
 MLP_CALLERS = [1, 8, 32]
 TARGETS = {"4KiB": {"p50": 40.0, "p99": 150.0}, "1MiB": {"p50": 150.0}}
+TWO_COPIES = "two 1 MiB copies (np.copyto x2)"  # bench/latency.py's reference row
 CPP_REQUESTS, CPP_WARMUP = 20000, 1000
 # The C++ client's own work per request: its spin is CPU by design (it waits on the CPU
 # for the fastest answer), so a run with spinning off shows the rest (issue 9: <= 3 us;
@@ -459,6 +460,13 @@ def render(res: dict, s: dict) -> str:
                      f"**{'met' if v is not None and v <= limit else 'not met'}**")
         o.append(f"- Triton gRPC + system shm p50 / shmserve p50: "
                  f"**{f(d['triton_over_shmserve_p50'], 1)}x**")
+        if size == "4KiB" and d.get("triton_over_shmserve_p50") is not None:
+            o.append(target_line("Triton gRPC + system shm p50 >= 25x shmserve's",
+                                 d["triton_over_shmserve_p50"], ">=", 25, "x"))
+        copies = res["references"].get(TWO_COPIES, {}).get("p50")
+        if size == "1MiB" and copies and shm.get("p50") is not None:
+            o.append(target_line("1 MiB p50 <= 1.5x two 1 MiB copies (References, same run)",
+                                 shm["p50"] / copies, "<=", 1.5, "x"))
         o.append("")
     if s["cpp"]:
         py = s["identity"].get("4KiB", {}).get("rows", {}).get("shmserve", {})
@@ -472,7 +480,7 @@ def render(res: dict, s: dict) -> str:
               "repeat; the Python row comes from the harness (its bookkeeping included).", ""]
         v = s.get("python_over_cpp_p50")
         if v is not None:
-            o += [f"- target, identity 4 KiB p50 from Python <= 1.3x the C++ client's (copied "
+            o += [f"- target (issue 9), identity 4 KiB p50 from Python <= 1.3x the C++ client's (copied "
                   f"input; ratio within each repeat, median): {f(v, 2)}x, "
                   f"**{'met' if v <= 1.3 else 'not met'}**", ""]
     o += ["### Where the time goes (shmserve, 1 caller, median over repeats of each stage's "
@@ -509,7 +517,13 @@ def render(res: dict, s: dict) -> str:
     o += [f"- DESIGN.md target, 32 callers: >= 3x Triton: **{f(r32.get('shm_over_triton'), 2)}x** "
           f"({'met' if (r32.get('shm_over_triton') or 0) >= 3 else 'not met'}); >= 90 % of bare "
           f"onnxruntime at the same batch sizes: **{f(100 * r32['shm_over_ceiling'] if r32.get('shm_over_ceiling') else None, 0)} %** "
-          f"({'met' if (r32.get('shm_over_ceiling') or 0) >= 0.9 else 'not met'})", ""]
+          f"({'met' if (r32.get('shm_over_ceiling') or 0) >= 0.9 else 'not met'})"]
+    if r32.get("shm_over_triton") is not None:
+        o.append(target_line("32 callers >= 5x Triton", r32["shm_over_triton"], ">=", 5, "x"))
+    if r32.get("shm_over_ceiling") is not None:
+        o.append(target_line("32 callers >= 60 % of bare onnxruntime",
+                             100 * r32["shm_over_ceiling"], ">=", 60, " %"))
+    o.append("")
     o += cpu_section(s) + contended_section(res, s) + metrics_section(res)
     o += ["## References (same run, us)", ""]
     rows = [[k, f(v["p50"]), f(v["p99"])] for k, v in res["references"].items()]
@@ -520,6 +534,12 @@ def render(res: dict, s: dict) -> str:
     o += ["", "## Notes", ""] + [f"- {n}" for n in res["notes"]] + [
         f"- raw figures of every repeat: {res['json']} (not committed)", ""]
     return "\n".join(o)
+
+
+def target_line(what: str, value: float, op: str, bar: float, unit: str) -> str:
+    """One of issue 9's bars, judged on this run's figure."""
+    met = value >= bar if op == ">=" else value <= bar
+    return f"- target (issue 9), {what}: {f(value, 2)}{unit}, **{'met' if met else 'not met'}**"
 
 
 def cpu_section(s: dict) -> list[str]:
@@ -551,6 +571,10 @@ def cpu_section(s: dict) -> list[str]:
     o.append(report.markdown_table(["scenario", "client", "coordinator", "batcher", "workers",
                                     "model", "server less model", "server total"], rows))
     o.append("")
+    v = s["cpu"].get("shmserve mlp, 32 caller(s)", {}).get("overhead")
+    if v is not None:
+        o += [target_line("server CPU per request less the model, MLP 32 callers <= 10 us", v,
+                          "<=", 10, " us"), ""]
     timed = {mode: v.get("client_timed") for mode, v in s["cpp"].items()}
     if any(v is not None for v in timed.values()):
         o += ["C++ client CPU per timed request (its own getrusage around the timed loop, "
@@ -565,8 +589,8 @@ def cpu_section(s: dict) -> list[str]:
         for who, limit in CLIENT_TARGETS.items():
             v = cm.get(who, {}).get("client_us")
             if v is not None:
-                o.append(f"- target, {who} client CPU per request at MLP 32 <= {limit:.0f} us: "
-                         f"{f(v, 2)} us, **{'met' if v <= limit else 'not met'}**")
+                o.append(target_line(f"{who} client CPU per request at MLP 32 <= {limit:.0f} us",
+                                     v, "<=", limit, " us"))
         o.append("")
     v = timed.get("copied input" + NO_SPIN)
     if v is not None:
@@ -597,6 +621,15 @@ def contended_section(res: dict, s: dict) -> list[str]:
                                     "quiet p99", "contended p99", "p99 growth",
                                     "contended runs stable"], rows))
     o.append("")
+    shm = s["contended"].get("shmserve")
+    triton = next((g for who, g in s["contended"].items() if who.startswith("Triton") and g), None)
+    if shm and triton:
+        for stat in ("p50", "p99"):
+            o.append(f"- target (issue 9), contended {stat} grows by a smaller factor than "
+                     f"Triton's: {f(shm['growth_' + stat], 2)}x against "
+                     f"{f(triton['growth_' + stat], 2)}x, **"
+                     f"{'met' if shm['growth_' + stat] < triton['growth_' + stat] else 'not met'}**")
+        o.append("")
     return o
 
 
