@@ -480,9 +480,8 @@ def render(res: dict, s: dict) -> str:
               "repeat; the Python row comes from the harness (its bookkeeping included).", ""]
         v = s.get("python_over_cpp_p50")
         if v is not None:
-            o += [f"- target (issue 9), identity 4 KiB p50 from Python <= 1.3x the C++ client's (copied "
-                  f"input; ratio within each repeat, median): {f(v, 2)}x, "
-                  f"**{'met' if v <= 1.3 else 'not met'}**", ""]
+            o += [target_line("identity 4 KiB p50 from Python <= 1.3x the C++ client's (copied "
+                              "input; ratio within each repeat, median)", v, "<=", 1.3, "x"), ""]
     o += ["### Where the time goes (shmserve, 1 caller, median over repeats of each stage's "
           "percentile, us; stage percentiles do not add up)", ""]
     stages = [label for label, *_ in S.STAGES if any(label in s["stages"][z] for z in IDENTITY)]
@@ -537,8 +536,8 @@ def render(res: dict, s: dict) -> str:
 
 
 def target_line(what: str, value: float, op: str, bar: float, unit: str) -> str:
-    """One of issue 9's bars, judged on this run's figure."""
-    met = value >= bar if op == ">=" else value <= bar
+    """One of issue 9's bars, judged on this run's figure (op: ">=", "<=" or "<")."""
+    met = {">=": value >= bar, "<=": value <= bar, "<": value < bar}[op]
     return f"- target (issue 9), {what}: {f(value, 2)}{unit}, **{'met' if met else 'not met'}**"
 
 
@@ -625,10 +624,9 @@ def contended_section(res: dict, s: dict) -> list[str]:
     triton = next((g for who, g in s["contended"].items() if who.startswith("Triton") and g), None)
     if shm and triton:
         for stat in ("p50", "p99"):
-            o.append(f"- target (issue 9), contended {stat} grows by a smaller factor than "
-                     f"Triton's: {f(shm['growth_' + stat], 2)}x against "
-                     f"{f(triton['growth_' + stat], 2)}x, **"
-                     f"{'met' if shm['growth_' + stat] < triton['growth_' + stat] else 'not met'}**")
+            theirs = triton["growth_" + stat]
+            o.append(target_line(f"contended {stat} grows by a smaller factor than Triton's "
+                                 f"({f(theirs, 2)}x)", shm["growth_" + stat], "<", theirs, "x"))
         o.append("")
     return o
 
