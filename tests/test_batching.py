@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from shmserve.protocol import Status
-from shmserve.server.scheduling import (POLICIES, DefaultScheduler, DynamicBatchScheduler, Pending,
-                                        Rejection, Scheduler, make_scheduler)
+from shmserve.server.scheduling import (POLICIES, CoreDynamicBatchScheduler, DefaultScheduler,
+                                        DynamicBatchScheduler, Pending, Rejection, Scheduler,
+                                        make_scheduler)
 from shmserve.server.repository import ModelSpec, TensorSpec
 
 US = 1000  # ns
@@ -86,7 +87,9 @@ def test_without_dynamic_batching_one_request_per_execution():
 
 
 def test_the_factory_chooses_the_policy_from_the_spec():
-    assert type(make_scheduler(spec(dynamic=True))) is DynamicBatchScheduler
+    # the plain queue policy in C; a queue timeout (or priorities) in Python
+    assert type(make_scheduler(spec(dynamic=True))) is CoreDynamicBatchScheduler
+    assert type(make_scheduler(spec(queue_timeout_us=5))) is DynamicBatchScheduler
     assert type(make_scheduler(spec(dynamic=False))) is DefaultScheduler
     assert POLICIES[-1] is DefaultScheduler  # the fallback comes last
 
@@ -169,7 +172,7 @@ def test_a_custom_policy_plugs_in_through_the_interface():
     policies = (Lifo, *POLICIES)
     q = make_scheduler(spec(parameters={"test.policy": "lifo"}), policies)
     assert isinstance(q, Lifo)
-    assert type(make_scheduler(spec(), policies)) is DynamicBatchScheduler  # others unchanged
+    assert type(make_scheduler(spec(), policies)) is CoreDynamicBatchScheduler  # others unchanged
     for i in range(3):
         assert q.enqueue(pending(i)) is None
     assert len(q) == 3 and shadows(q.next_batch(0)[0]) == [2]

@@ -276,7 +276,8 @@ PyMODINIT_FUNC PyInit__core(void) {
   if (!MappingType.tp_methods || PyType_Ready(&MappingType) < 0 || PyType_Ready(&SpinType) < 0 ||
       PyType_Ready(&ArenaAllocatorType) < 0 || PyType_Ready(&ArenaBlockType) < 0 ||
       PyType_Ready(&ClientCoreType) < 0 || PyType_Ready(&BatchType) < 0 ||
-      PyType_Ready(&BatcherCoreType) < 0 || shms_py_client_ready() < 0 ||
+      PyType_Ready(&BatcherCoreType) < 0 || PyType_Ready(&BatchQueueType) < 0 ||
+      shms_py_client_ready() < 0 || shms_py_batch_queue_ready() < 0 ||
       shms_py_batcher_ready() < 0 ||
       shms_py_pb_ready() < 0)
     return NULL;
@@ -293,6 +294,7 @@ PyMODINIT_FUNC PyInit__core(void) {
       PyModule_AddObjectRef(m, "ClientCore", (PyObject *)&ClientCoreType) < 0 ||
       PyModule_AddObjectRef(m, "Batch", (PyObject *)&BatchType) < 0 ||
       PyModule_AddObjectRef(m, "BatcherCore", (PyObject *)&BatcherCoreType) < 0 ||
+      PyModule_AddObjectRef(m, "BatchQueue", (PyObject *)&BatchQueueType) < 0 ||
       shms_py_add_tensor_ref(m) < 0 || PyModule_AddFunctions(m, shms_py_pb_methods) < 0) {
     Py_DECREF(m);
     return NULL;

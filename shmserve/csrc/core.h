@@ -105,6 +105,71 @@ extern PyTypeObject BatchType; /* shmserve._core.Batch: a worker's batch in C */
 /* ---------------------------------------------------------------- batcher.c */
 
 extern PyTypeObject BatcherCoreType; /* shmserve._core.BatcherCore: the batcher's hot path */
+
+/* ---------------------------------------------------------------- batch_queue.c */
+
+/* A request's shape key (scheduling.Pending.key): inline when short, else a bytes. */
+#define SHMS_BQ_KEY_INLINE 32
+typedef struct {
+  uint32_t len;
+  uint8_t inline_bytes[SHMS_BQ_KEY_INLINE];
+  PyObject *bytes; /* strong, when len > SHMS_BQ_KEY_INLINE */
+} shms_bq_key;
+
+/* One queued request: a Pending's fields, linked in its client's FIFO. */
+typedef struct {
+  int32_t next, prev; /* in its client's FIFO (-1: none); free items chain by next */
+  uint32_t shadow, rows, generation, priority;
+  int64_t client;
+  uint64_t arrived_ns, slot_off, timeout_us;
+  PyObject *seg;     /* its arena Segment (strong; None in unit tests) */
+  PyObject *pending; /* its Pending once one exists (strong), else NULL */
+  shms_bq_key key;
+} shms_bq_item;
+
+typedef struct {
+  int64_t client;
+  int32_t head, tail;
+  uint32_t count;
+} shms_bq_client;
+
+/* shmserve._core.BatchQueue: a model's queue under dynamic batching with the plain
+ * queue policy (scheduling/dynamic_core.py): clients in turns, Triton's batch rule. */
+typedef struct {
+  PyObject_HEAD
+  PyObject *pending_type; /* scheduling.Pending */
+  uint32_t max_rows, max_queue_size, max_per_client, n_preferred;
+  uint32_t preferred[SHMS_MAX_BATCH_REQUESTS]; /* sorted */
+  uint64_t delay_ns;
+  shms_bq_item *items;
+  int32_t cap, free_head;
+  uint32_t count;
+  shms_bq_client *clients; /* with requests queued, in turn order */
+  uint32_t n_clients, cap_clients;
+  int32_t *order, *cursor; /* scratch: [cap], [cap_clients] */
+} BatchQueue;
+extern PyTypeObject BatchQueueType;
+int shms_py_batch_queue_ready(void); /* interned names; -1 with an exception */
+
+#define SHMS_BQ_NO_DEADLINE UINT64_MAX
+/* Whether one more request of this client fits (max_queue_size, max_per_client). */
+int shms_bq_room(const BatchQueue *q, int64_t client);
+/* Queues a request; the queue takes over the references in *it. -1: no memory (set). */
+int shms_bq_push(BatchQueue *q, const shms_bq_item *it);
+/* The next batch: its items' indices in out and their count, or 0 with *deadline (the
+ * latest time to look again; SHMS_BQ_NO_DEADLINE when nothing can go before something
+ * new happens). Nothing leaves the queue until shms_bq_take. */
+int shms_bq_next(BatchQueue *q, uint64_t now, int32_t out[SHMS_MAX_BATCH_REQUESTS],
+                 uint64_t *deadline);
+/* The requests that may join a next batch of `n` requests, `rows` rows and this key. */
+int shms_bq_join(BatchQueue *q, const shms_bq_key *key, uint32_t rows, uint32_t n,
+                 int32_t out[SHMS_MAX_BATCH_REQUESTS]);
+/* Removes the items picked (in pick order: each uses its client's turn). */
+void shms_bq_take(BatchQueue *q, const int32_t *picked, int n);
+int shms_bq_key_copy(shms_bq_key *dst, const shms_bq_key *src); /* dst empty */
+void shms_bq_key_clear(shms_bq_key *k);
+/* A key from raw bytes; -1: no memory (set). */
+int shms_bq_key_set(shms_bq_key *k, const void *bytes, size_t len);
 int shms_py_batcher_ready(void); /* interned names; -1 with an exception */
 int shms_py_client_ready(void); /* interned names; -1 with an exception */
 

@@ -45,6 +45,12 @@ Rules for a policy:
 - Fair share (issue 14): a policy with queues (fifo.py) lets clients take turns within a
   priority level (fair.py), each client's requests in arrival order.
 
+The common case in C: a model with dynamic batching, one priority level and no queue
+timeout (dynamic_core.py) keeps its queue in C (csrc/batch_queue.c), with dynamic.py's
+and fair.py's rules. The batcher's C core fills it from the ring and hands its batches
+over itself (BatcherCore.set_queue, dispatch); the Scheduler methods above see the
+same queue, for what intake queues itself and for the tests.
+
 A new policy (ensembles) is a new module with a Scheduler subclass whose
 applies_to(spec) recognises its models, listed in POLICIES before the default.
 
@@ -61,13 +67,15 @@ from ..repository import ModelSpec
 from .base import Pending, Rejection, Scheduler
 from .default import DefaultScheduler
 from .dynamic import DynamicBatchScheduler
+from .dynamic_core import CoreDynamicBatchScheduler
 from .sequence import SequencePending, SequenceScheduler
 
 __all__ = ["Pending", "Rejection", "Scheduler", "POLICIES", "make_scheduler",
-           "DefaultScheduler", "DynamicBatchScheduler", "SequencePending", "SequenceScheduler"]
+           "CoreDynamicBatchScheduler", "DefaultScheduler", "DynamicBatchScheduler", "SequencePending", "SequenceScheduler"]
 
 # Tried in order; the first whose applies_to(spec) is true schedules the model.
-POLICIES: tuple[type[Scheduler], ...] = (SequenceScheduler, DynamicBatchScheduler, DefaultScheduler)
+POLICIES: tuple[type[Scheduler], ...] = (SequenceScheduler, CoreDynamicBatchScheduler,
+                                         DynamicBatchScheduler, DefaultScheduler)
 
 
 def make_scheduler(spec: ModelSpec, policies: Sequence[type[Scheduler]] = POLICIES) -> Scheduler:

@@ -53,14 +53,19 @@ class Scheduler(abc.ABC):
         if not limit:
             return self.enqueue(p)
         if self.per_client[p.client] >= limit:
-            return Rejection(p, Status.BUSY, (
-                f"model '{self.spec.name}': this client already has {limit} requests queued "
-                f"(max_queued_per_client {limit}: --max-queued-per-client or the model "
-                "parameter shmserve.max_queued_per_client); retry later"))
+            return self.over_client_limit(p)
         refused = self.enqueue(p)
         if refused is None:
             self.per_client[p.client] += 1
         return refused
+
+    def over_client_limit(self, p: Pending) -> Rejection:
+        """The refusal of a request whose client has max_per_client queued already."""
+        limit = self.max_per_client
+        return Rejection(p, Status.BUSY, (
+            f"model '{self.spec.name}': this client already has {limit} requests queued "
+            f"(max_queued_per_client {limit}: --max-queued-per-client or the model "
+            "parameter shmserve.max_queued_per_client); retry later"))
 
     def left(self, gone) -> None:
         """Requests that left the queue (a batch, a Rejection, drain()): the batcher's

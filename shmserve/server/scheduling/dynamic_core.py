@@ -1,0 +1,85 @@
+"""Dynamic batching with the plain queue policy, its queue in C (csrc/batch_queue.c):
+the common case of a model with dynamic_batching, and the batcher's hot path.
+
+The rules are dynamic.py's and fair.py's, for a model whose queue has one priority
+level and no queue timeout (max_queue_size and the per-client limit are kept), and
+no instance balancing to do (one instance, or instance_balancing greedy). The batcher
+hands such a model's queue to its C core (BatcherCore.set_queue): requests go from
+the ring into the queue and from the queue into mailboxes with no Python per request.
+This class is the same queue seen as a Scheduler: what intake queues itself (a
+request whose arena was mapped late, or whose options were checked), a failing
+model's drain, and the unit tests, which hold both implementations to the same
+answers (tests/test_batch_queue.py).
+"""
+from __future__ import annotations
+
+from ..._core import BatchQueue
+from ...protocol import Status
+from ..repository import BALANCED, ModelSpec
+from .base import Pending, Rejection
+from .dynamic import DynamicBatchScheduler
+
+
+class CoreDynamicBatchScheduler(DynamicBatchScheduler):
+    def __init__(self, spec: ModelSpec):
+        self.core_queue = BatchQueue(Pending, max(spec.max_batch_size, 1), spec.max_queue_delay_us,
+                                     tuple(spec.preferred_batch_sizes), spec.max_queue_size)
+        super().__init__(spec)
+
+    @classmethod
+    def applies_to(cls, spec: ModelSpec) -> bool:
+        return (spec.dynamic_batching and spec.priority_levels <= 1
+                and not spec.priority_queue_policies and not spec.queue_timeout_us
+                and not spec.allow_timeout_override and not spec.preserve_ordering
+                and (spec.instance_count == 1 or spec.instance_balancing != BALANCED))
+
+    # The per-client limit lives in the C queue (the batcher sets it after __init__).
+    @property
+    def max_per_client(self) -> int:
+        return self.core_queue.max_per_client
+
+    @max_per_client.setter
+    def max_per_client(self, limit: int) -> None:
+        self.core_queue.max_per_client = limit
+
+    def __len__(self) -> int:
+        return len(self.core_queue)
+
+    def ordered(self):
+        return self.core_queue.ordered()
+
+    def head(self) -> Pending | None:
+        ordered = self.core_queue.ordered()
+        return ordered[0] if ordered else None
+
+    def oldest(self) -> Pending | None:
+        return min(self.core_queue.ordered(), key=lambda p: p.arrived_ns, default=None)
+
+    def admit(self, p: Pending) -> Rejection | None:
+        limit = self.max_per_client
+        if limit and self.core_queue.client_count(p.client) >= limit:
+            return self.over_client_limit(p)
+        return self.enqueue(p)
+
+    def enqueue(self, p: Pending) -> Rejection | None:
+        limit = self.spec.max_queue_size
+        if limit and len(self.core_queue) >= limit:
+            return Rejection(p, Status.BUSY, f"model '{self.spec.name}': queue is full "
+                             f"(max_queue_size {limit}); retry later")
+        self.core_queue.push(p)
+        return None
+
+    def left(self, gone) -> None:
+        pass  # the C queue counts each client's requests itself
+
+    def next_batch(self, now_ns: int) -> tuple[list[Pending] | None, int | None]:
+        return self.core_queue.next_batch(now_ns)
+
+    def join(self, batch: list[Pending], now_ns: int) -> list[Pending]:
+        return self.core_queue.join(batch)
+
+    def expire(self, now_ns: int) -> tuple[list[Rejection], int | None]:
+        return [], None  # no queue timeout: applies_to
+
+    def drain(self) -> list[Pending]:
+        return self.core_queue.drain()
