@@ -17,6 +17,22 @@ typedef struct {
   uint64_t *mailbox; /* their mailbox offsets, in the order the batcher prefers them */
 } direct_model;
 
+/* A model whose queue is C's (set_queue): drain() queues its requests, dispatch()
+ * forms and hands over its batches. */
+typedef struct {
+  uint32_t valid, rows, n; /* what we placed as an instance's next batch */
+  shms_bq_key key;         /* of its first request */
+} next_batch;
+
+typedef struct {
+  BatchQueue *queue;  /* strong; NULL: the model's queue is Python's */
+  uint32_t n;         /* its instances */
+  uint64_t *mailbox;  /* their mailbox offsets */
+  uint64_t model_off; /* its entry in the server segment */
+  int overlap;        /* two batches deep */
+  next_batch *next;   /* [n] */
+} core_model;
+
 /* A request drain() took, until it is handed over or becomes a Pending. */
 typedef struct {
   PyObject *seg; /* its arena's Segment (strong) */
@@ -31,6 +47,7 @@ typedef struct {
   uint64_t ring_offset, capacity;
   uint32_t n_models;
   direct_model *direct;   /* [n_models] */
+  core_model *queued;     /* [n_models] */
   uint32_t *pass_count;   /* [n_models]: requests of each model taken by this drain() */
   taken_request *taken;   /* [capacity] */
 } BatcherCore;
@@ -59,19 +76,31 @@ static int batcher_init(BatcherCore *self, PyObject *args, PyObject *kw) {
   self->capacity = cap;
   self->n_models = ((shms_server_header *)server->base)->n_models;
   self->direct = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(direct_model));
+  self->queued = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(core_model));
   self->pass_count = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(uint32_t));
   self->taken = PyMem_Calloc(cap, sizeof(taken_request));
-  if (!self->direct || !self->pass_count || !self->taken) {
+  if (!self->direct || !self->queued || !self->pass_count || !self->taken) {
     PyErr_NoMemory();
     return -1;
   }
   return 0;
 }
 
+static void clear_queued(core_model *c) {
+  for (uint32_t i = 0; c->next && i < c->n; i++) shms_bq_key_clear(&c->next[i].key);
+  PyMem_Free(c->next);
+  PyMem_Free(c->mailbox);
+  Py_CLEAR(c->queue);
+  *c = (core_model){0};
+}
+
 static void batcher_dealloc(BatcherCore *self) {
   if (self->direct)
     for (uint32_t i = 0; i < self->n_models; i++) PyMem_Free(self->direct[i].mailbox);
+  if (self->queued)
+    for (uint32_t i = 0; i < self->n_models; i++) clear_queued(&self->queued[i]);
   PyMem_Free(self->direct);
+  PyMem_Free(self->queued);
   PyMem_Free(self->pass_count);
   PyMem_Free(self->taken);
   Py_XDECREF(self->ctl);
@@ -104,6 +133,32 @@ static PyObject *mapped_arena(PyObject *arenas, uint32_t client_id, uint32_t lea
 
 enum { STOP_POP = 0, STOP_ENTRY = 1, STOP_INVALID = 2 };
 
+/* Mailbox offsets from a sequence of ints, each checked, into *out (reallocated). */
+static int mailbox_offsets(BatcherCore *self, PyObject *mailboxes, uint64_t **out, uint32_t *n_out) {
+  PyObject *seq = PySequence_Fast(mailboxes, "mailboxes must be a sequence of offsets");
+  if (!seq) return -1;
+  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  uint64_t *mb = PyMem_Realloc(*out, (n ? n : 1) * sizeof(uint64_t));
+  if (!mb) {
+    Py_DECREF(seq);
+    PyErr_NoMemory();
+    return -1;
+  }
+  *out = mb;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    unsigned long long off = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if ((off == (unsigned long long)-1 && PyErr_Occurred()) ||
+        !shms_py_at(self->server, off, sizeof(shms_mailbox), 8)) {
+      Py_DECREF(seq);
+      return -1;
+    }
+    mb[i] = off;
+  }
+  Py_DECREF(seq);
+  *n_out = (uint32_t)n;
+  return 0;
+}
+
 /* set_direct(model_id, mailboxes or None): whether the model's lone requests skip its
  * scheduler. The batcher sets it while the model's policy would send a lone request
  * at once and holds none queued (batcher.py, Model.direct), and clears it as soon as
@@ -116,26 +171,36 @@ static PyObject *batcher_set_direct(BatcherCore *self, PyObject *args) {
   direct_model *d = &self->direct[model_id];
   d->n = 0;
   if (mailboxes == Py_None) Py_RETURN_NONE;
-  PyObject *seq = PySequence_Fast(mailboxes, "mailboxes must be a sequence of offsets");
-  if (!seq) return NULL;
-  Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  uint64_t *mb = PyMem_Realloc(d->mailbox, (n ? n : 1) * sizeof(uint64_t));
-  if (!mb) {
-    Py_DECREF(seq);
+  if (mailbox_offsets(self, mailboxes, &d->mailbox, &d->n) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+/* set_queue(model_id, queue or None, mailboxes, model_off, overlap): the model's queue
+ * is C's (scheduling/dynamic_core.py): drain() queues its requests there and
+ * dispatch() hands its batches over. None: Python's again. */
+static PyObject *batcher_set_queue(BatcherCore *self, PyObject *args) {
+  unsigned int model_id;
+  PyObject *queue, *mailboxes;
+  unsigned long long model_off;
+  int overlap;
+  if (!PyArg_ParseTuple(args, "IOOKp", &model_id, &queue, &mailboxes, &model_off, &overlap))
+    return NULL;
+  if (model_id >= self->n_models) return PyErr_Format(PyExc_IndexError, "model id %u", model_id);
+  core_model *c = &self->queued[model_id];
+  clear_queued(c);
+  if (queue == Py_None) Py_RETURN_NONE;
+  if (!PyObject_TypeCheck(queue, &BatchQueueType))
+    return PyErr_Format(PyExc_TypeError, "set_queue needs a BatchQueue");
+  if (!shms_py_at(self->server, model_off, sizeof(shms_model_entry), 8) ||
+      mailbox_offsets(self, mailboxes, &c->mailbox, &c->n) < 0)
+    return NULL;
+  if (!(c->next = PyMem_Calloc(c->n ? c->n : 1, sizeof(next_batch)))) {
+    clear_queued(c);
     return PyErr_NoMemory();
   }
-  d->mailbox = mb;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    unsigned long long off = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i));
-    if ((off == (unsigned long long)-1 && PyErr_Occurred()) ||
-        !shms_py_at(self->server, off, sizeof(shms_mailbox), 8)) {
-      Py_DECREF(seq);
-      return NULL;
-    }
-    mb[i] = off;
-  }
-  Py_DECREF(seq);
-  d->n = (uint32_t)n;
+  c->model_off = model_off;
+  c->overlap = overlap;
+  c->queue = (BatchQueue *)Py_NewRef(queue);
   Py_RETURN_NONE;
 }
 
@@ -267,7 +332,9 @@ static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
     int plain = !rq->parameters_bytes && !rq->flags && !rq->sequence_id &&
                 !rq->sequence_id_bytes && !t->late;
     const direct_model *d = &self->direct[t->model_id];
-    shms_mailbox *mb = plain && d->n && self->pass_count[t->model_id] == 1
+    BatchQueue *queue = self->queued[t->model_id].queue;
+    shms_mailbox *mb = plain && d->n && self->pass_count[t->model_id] == 1 &&
+                               !(queue && queue->count)
                            ? idle_mailbox(self, d) : NULL;
     if (mb) {
       Mapping *arena = (Mapping *)PyObject_GetAttr(t->seg, s_ops);
@@ -281,6 +348,21 @@ static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
     }
     int64_t key[SHMS_SHAPE_KEY_MAX];
     size_t nk = shms_shape_key(rq, &models[rq->model_id], key);
+    if (plain && queue && shms_bq_room(queue, t->client_id)) { /* C's queue: no Pending */
+      shms_bq_item it = {.shadow = t->shadow, .rows = sh->batch_rows,
+                         .generation = t->generation, .priority = rq->priority,
+                         .client = t->client_id, .arrived_ns = sh->taken_ns,
+                         .slot_off = t->slot_off, .timeout_us = rq->timeout_us};
+      if (shms_bq_key_set(&it.key, key, nk * sizeof(int64_t)) < 0) goto fail;
+      it.seg = Py_NewRef(t->seg);
+      if (shms_bq_push(queue, &it) < 0) {
+        Py_DECREF(it.seg);
+        shms_bq_key_clear(&it.key);
+        goto fail;
+      }
+      continue;
+    }
+    /* Python's: its options to check, or a refusal (full queue) to word */
     /* Pending(shadow, rows, key, arrived_ns, arena, slot_off, generation, priority,
      *         timeout_us, queue_index, client) */
     PyObject *pending = PyObject_CallFunction(
@@ -417,10 +499,203 @@ static PyObject *batcher_place(BatcherCore *self, PyObject *args) {
   return Py_BuildValue("(ni)", n, where);
 }
 
+/* Stamps the items picked from a core-queued model's queue BATCHED, records their
+ * queue time, and gives their shadows and rows; those whose lease ended while queued
+ * (Segment.ops None) are left out. Returns how many, or -1 with an exception. */
+static int stamp_items(BatcherCore *self, core_model *c, const int32_t *picked, int n,
+                       uint64_t now, uint32_t shadows[SHMS_MAX_BATCH_REQUESTS], uint32_t *rows) {
+  shms_model_entry *m =
+      (shms_model_entry *)shms_py_at(self->server, c->model_off, sizeof(shms_model_entry), 8);
+  if (!m) return -1;
+  int k = 0;
+  *rows = 0;
+  for (int i = 0; i < n; i++) {
+    const shms_bq_item *x = &c->queue->items[picked[i]];
+    if (!x->seg) continue; /* no arena: nobody to answer */
+    PyObject *ops = PyObject_GetAttr(x->seg, s_ops);
+    if (!ops) return -1;
+    Py_DECREF(ops); /* the Segment holds it */
+    if (ops == Py_None) continue; /* its lease ended while queued */
+    if (Py_TYPE(ops) != &MappingType) {
+      PyErr_SetString(PyExc_TypeError, "Segment.ops is not a Mapping");
+      return -1;
+    }
+    shms_slot *s = (shms_slot *)shms_py_at((Mapping *)ops, x->slot_off, sizeof(shms_slot), 8);
+    if (!s) return -1;
+    batched(s, m, x->arrived_ns, now);
+    shadows[k++] = x->shadow;
+    *rows += x->rows;
+  }
+  return k;
+}
+
+/* What we placed as instance i's next batch (where: shms_mailbox_put's answer). */
+static void note_next(next_batch *nb, int where, const shms_bq_key *key, uint32_t rows,
+                      uint32_t n) {
+  if (where == 2) { /* joined the one there */
+    nb->rows += rows;
+    nb->n += n;
+    return;
+  }
+  shms_bq_key_clear(&nb->key);
+  nb->valid = where == 1;
+  if (nb->valid) {
+    shms_bq_key_copy(&nb->key, key);
+    nb->rows = rows;
+    nb->n = n;
+  }
+}
+
+/* Picked items: stamped, taken from the queue and placed in mailbox i (placed: 0 assign
+ * to an idle instance, else shms_mailbox_put with append = placed - 1). Returns how many
+ * were placed (and *where), or -1 with an exception. */
+static int place_picked(BatcherCore *self, core_model *c, uint32_t i, const int32_t *picked,
+                        int n, uint64_t now, int placed, int *where) {
+  uint32_t shadows[SHMS_MAX_BATCH_REQUESTS], rows;
+  shms_bq_key key;
+  shms_bq_key_copy(&key, &c->queue->items[picked[0]].key);
+  int h = stamp_items(self, c, picked, n, now, shadows, &rows);
+  if (h < 0) {
+    shms_bq_key_clear(&key);
+    return -1;
+  }
+  shms_bq_take(c->queue, picked, n);
+  shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[i]);
+  *where = 0;
+  if (h && !placed) {
+    /* SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
+     * worker's doorbell_wait on its mailbox state. */
+    shms_mailbox_assign(mb, shadows, (uint32_t)h);
+  } else if (h) {
+    /* SYNC POINT (in shms_mailbox_put): its CAS pairs with the worker's in
+     * shms_mailbox_finish. */
+    *where = shms_mailbox_put(mb, shadows, (uint32_t)h, placed - 1);
+    if (*where < 0) {
+      shms_bq_key_clear(&key);
+      PyErr_Format(PyExc_RuntimeError, "mailbox of instance %u: no room for %d requests", i, h);
+      return -1;
+    }
+  }
+  if (c->overlap) {
+    if (!placed) note_next(&c->next[i], 0, &key, 0, 0);
+    else if (h) note_next(&c->next[i], *where, &key, rows, (uint32_t)h);
+  }
+  shms_bq_key_clear(&key);
+  return h;
+}
+
+/* Two batches deep, for a core-queued model (batcher.py's fill_next): a busy
+ * instance's next batch waits in its mailbox; requests join the one there, or form
+ * one for an instance without. Returns the policy's deadline when it holds requests
+ * back (else SHMS_BQ_NO_DEADLINE), or 0 with an exception. */
+static uint64_t fill_next(BatcherCore *self, core_model *c, uint64_t now, int *handed) {
+  BatchQueue *q = c->queue;
+  int32_t picked[SHMS_MAX_BATCH_REQUESTS];
+  uint32_t free_n = 0, free[c->n ? c->n : 1];
+  int where;
+  for (uint32_t i = 0; i < c->n; i++) {
+    shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[i]);
+    uint32_t state = shms_load(&mb->state, memory_order_seq_cst);
+    next_batch *nb = &c->next[i];
+    if (state == SHMS_MAILBOX_ASSIGNED_NEXT && nb->valid) {
+      int n = q->count ? shms_bq_join(q, &nb->key, nb->rows, nb->n, picked) : 0;
+      if (n && place_picked(self, c, i, picked, n, now, 2, &where) < 0) return 0;
+      continue;
+    }
+    note_next(nb, 0, NULL, 0, 0); /* taken by its worker, or never there */
+    uint32_t pid = __atomic_load_n(&mb->pid, __ATOMIC_RELAXED);
+    if (state == SHMS_MAILBOX_ASSIGNED && pid && pid != SHMS_MAILBOX_RETIRED) free[free_n++] = i;
+  }
+  for (uint32_t k = 0; k < free_n && q->count;) {
+    uint64_t wait_until;
+    int n = shms_bq_next(q, now, picked, &wait_until);
+    if (!n) return wait_until;
+    int h = place_picked(self, c, free[k], picked, n, now, 1, &where);
+    if (h < 0) return 0;
+    if (h) {
+      k++;
+      (*handed)++;
+    }
+  }
+  return SHMS_BQ_NO_DEADLINE;
+}
+
+/* dispatch(model_id, now_ns) -> (deadline or None, batches handed over): batcher.py's
+ * dispatch() of one model whose queue is C's (set_queue), with no Python per request:
+ * batches for its idle instances (Triton's greedy rule: one instance or greedy
+ * balancing), next batches for its busy ones when two deep, and the instances asked
+ * to ring when they go idle while requests wait. The deadline: when the policy holds
+ * requests back, or now when an instance went idle while we looked. */
+static PyObject *batcher_dispatch(BatcherCore *self, PyObject *args) {
+  unsigned int model_id;
+  unsigned long long now;
+  if (!PyArg_ParseTuple(args, "IK", &model_id, &now)) return NULL;
+  if (model_id >= self->n_models || !self->queued[model_id].queue)
+    return PyErr_Format(PyExc_ValueError, "model id %u has no queue in C", model_id);
+  core_model *c = &self->queued[model_id];
+  BatchQueue *q = c->queue;
+  uint64_t deadline = SHMS_BQ_NO_DEADLINE;
+  int handed = 0, waiting_for_more = 0, where;
+  uint32_t busy_n = 0, idle_n = 0, busy[c->n ? c->n : 1], idle[c->n ? c->n : 1];
+  int32_t picked[SHMS_MAX_BATCH_REQUESTS];
+  if (!q->count) return Py_BuildValue("(Oi)", Py_None, 0);
+  for (uint32_t i = 0; i < c->n; i++) {
+    shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[i]);
+    uint32_t pid = __atomic_load_n(&mb->pid, __ATOMIC_RELAXED);
+    if (pid == SHMS_MAILBOX_RETIRED) continue; /* fail_retired_batches answers its batch */
+    /* SYNC POINT: as batcher.py's dispatch: the seq_cst load pairs with the worker's
+     * store of IDLE. */
+    if (!pid || shms_load(&mb->state, memory_order_seq_cst) != SHMS_MAILBOX_IDLE)
+      busy[busy_n++] = i;
+    else
+      idle[idle_n++] = i;
+  }
+  for (uint32_t k = 0; k < idle_n && q->count;) {
+    uint64_t wait_until;
+    int n = shms_bq_next(q, now, picked, &wait_until);
+    if (!n) {
+      deadline = wait_until;
+      waiting_for_more = wait_until != SHMS_BQ_NO_DEADLINE;
+      break;
+    }
+    int h = place_picked(self, c, idle[k], picked, n, now, 0, &where);
+    if (h < 0) return NULL;
+    if (h) { /* busy now: it must ring us when done */
+      busy[busy_n++] = idle[k++];
+      handed++;
+    }
+  }
+  if (c->overlap && q->count && !waiting_for_more) {
+    uint64_t wait_until = fill_next(self, c, now, &handed);
+    if (!wait_until) return NULL;
+    if (wait_until < deadline) deadline = wait_until;
+  }
+  if (q->count && busy_n && !waiting_for_more) {
+    /* SYNC POINT: as batcher.py's dispatch: pairs with the worker's store of IDLE then
+     * load of batcher_waiting: either it rings us, or we see it idle here. */
+    for (uint32_t k = 0; k < busy_n; k++) {
+      shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[busy[k]]);
+      shms_store(&mb->batcher_waiting, 1u, memory_order_seq_cst);
+    }
+    for (uint32_t k = 0; k < busy_n; k++) {
+      shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[busy[k]]);
+      if (shms_load(&mb->state, memory_order_seq_cst) == SHMS_MAILBOX_IDLE) deadline = now;
+    }
+  }
+  if (deadline == SHMS_BQ_NO_DEADLINE) return Py_BuildValue("(Oi)", Py_None, handed);
+  return Py_BuildValue("(Ki)", (unsigned long long)deadline, handed);
+}
+
 static PyMethodDef batcher_methods[] = {
     {"drain", (PyCFunction)batcher_drain, METH_VARARGS,
      "drain(pos, arenas) -> (pos, [(model_id, Pending, extra)], stop): take the published "
      "requests (see csrc/batcher.c)."},
+    {"set_queue", (PyCFunction)batcher_set_queue, METH_VARARGS,
+     "set_queue(model_id, queue or None, mailboxes, model_off, overlap): the model's queue "
+     "is C's: drain() fills it, dispatch() empties it."},
+    {"dispatch", (PyCFunction)batcher_dispatch, METH_VARARGS,
+     "dispatch(model_id, now_ns) -> (deadline or None, batches handed over): batches of a "
+     "model whose queue is C's."},
     {"set_direct", (PyCFunction)batcher_set_direct, METH_VARARGS,
      "set_direct(model_id, mailboxes or None): lone requests skip the scheduler."},
     {"hand_over", (PyCFunction)batcher_hand_over, METH_VARARGS,

@@ -19,7 +19,8 @@ from .intake import Intake
 from .maps import ServerMaps, child_setup
 from .models import DRAINED
 from .repository import ModelSpec
-from .scheduling import Pending, Rejection, Scheduler, make_scheduler
+from .scheduling import (CoreDynamicBatchScheduler, Pending, Rejection, Scheduler,
+                         make_scheduler)
 
 L = LAYOUT
 log = logging.getLogger("shmserve.batcher")
@@ -67,6 +68,9 @@ class Model:
     # instance position, the requests we last saw in its next batch (None: none).
     overlap: bool = False
     next: list = dataclasses.field(default_factory=list)
+    # Its queue is C's (scheduling/dynamic_core.py): the C core queues its requests and
+    # hands its batches over (BatcherCore.set_queue, dispatch); m.next is unused.
+    in_core: bool = False
 
 
 class Batcher:
@@ -144,6 +148,9 @@ class Batcher:
         # a restarted batcher words the refusals of a draining model's withdrawn handle
         self.intake.stale.update({int(h): msg for h, msg in d.get("stale", {}).items()})
         m.next = [None] * len(m.workers)
+        m.in_core = isinstance(scheduler, CoreDynamicBatchScheduler)
+        if m.in_core:
+            self.core.set_queue(m.model_id, scheduler.core_queue, m.mailboxes, m.offset, m.overlap)
         self.models.append(m)
         self.schedulers[m.model_id] = m.scheduler
         self.set_direct(m, m.direct_ok and not m.draining)
@@ -159,6 +166,8 @@ class Batcher:
     def remove(self, m: Model) -> None:
         self.models.remove(m)
         self.set_direct(m, False)
+        if m.in_core:
+            self.core.set_queue(m.model_id, None, (), 0, False)
         self.schedulers[m.model_id] = None
         if m.draining:
             self.draining -= 1
@@ -201,60 +210,72 @@ class Batcher:
                 if m.direct_ok and not self.direct[m.model_id] and not m.draining:
                     self.set_direct(m, True)
                 continue
-            expired, expires = s.expire(now)
-            if expired:
-                s.left(r.pending for r in expired)
-                for r in expired:
-                    self.intake.reject(m.model_id, r)
-            deadline = earliest(deadline, expires)
-            busy, idle = [], []  # mailbox offsets; instance positions in m.workers
-            for i, mb in enumerate(m.mailboxes):
-                pid = srv.load32(mb + PID)
-                if pid == MAILBOX_RETIRED:  # fail_retired_batches answers its batch
-                    continue
-                if pid == 0 or srv.load32(mb + STATE) != MailboxState.IDLE:
-                    busy.append(mb)
-                else:
-                    idle.append(i)
-            waiting_for_more = False
-            if len(s) and idle and m.pinned:  # sequences: a batch is for one instance
-                plan, wait_until = s.assign(now, idle)
-                for i, batch in plan:
-                    self.hand_over(m, i, batch)
-                    busy.append(m.mailboxes[i])
+            if m.in_core:  # the common case: its queue and batches are C's
+                wait_until, handed = self.core.dispatch(m.model_id, now)
+                self.handed += handed
                 deadline = earliest(deadline, wait_until)
-            elif len(s) and idle:
-                # One call for all idle instances, so that a policy can share the queue
-                # among them (balanced batches) instead of filling the first.
-                batches, wait_until = s.next_batches(now, len(idle))
-                for i, batch in zip(idle, batches):
-                    self.hand_over(m, i, batch)
-                    busy.append(m.mailboxes[i])  # busy now: it must ring us when done
-                if len(batches) < len(idle):
-                    deadline = earliest(deadline, wait_until)
-                    # An idle instance takes it by the deadline; with none, the policy
-                    # waits for an event, a worker going idle among them.
-                    waiting_for_more = wait_until is not None
-            if m.overlap and len(s) and not waiting_for_more:
-                # every live instance is busy now: give each its next batch
-                deadline = earliest(deadline, self.fill_next(m, now))
+            else:
+                deadline = earliest(deadline, self.dispatch_model(m, now))
             if len(s) != m.pending:  # nv_inference_pending_request_count
                 m.pending = len(s)
                 srv.set_pending(m.offset, m.pending)
             if not len(s) and m.direct_ok and not self.direct[m.model_id] and not m.draining:
                 self.set_direct(m, True)
-            if len(s) and busy and not waiting_for_more:
-                # Requests are left and every live instance is busy (some just got a
-                # batch): each must ring the doorbell when it goes idle, or the rest
-                # would wait for the idle tick.
-                # SYNC POINT: pairs with the worker's store of IDLE then load of
-                # batcher_waiting: either it rings us, or we see it idle here.
-                for mb in busy:
-                    srv.store32(mb + L["mailbox.batcher_waiting"], 1)
-                if any(srv.load32(mb + STATE) == MailboxState.IDLE for mb in busy):
-                    deadline = now
         if self.draining:
             self.finish_drains()
+        return deadline
+
+    def dispatch_model(self, m: Model, now: int) -> int | None:
+        """dispatch() for a model whose queue is Python's (its scheduler's), which
+        holds requests: returns its deadline."""
+        srv, s = self.maps.srv, m.scheduler
+        expired, expires = s.expire(now)
+        if expired:
+            s.left(r.pending for r in expired)
+            for r in expired:
+                self.intake.reject(m.model_id, r)
+        deadline = expires
+        busy, idle = [], []  # mailbox offsets; instance positions in m.workers
+        for i, mb in enumerate(m.mailboxes):
+            pid = srv.load32(mb + PID)
+            if pid == MAILBOX_RETIRED:  # fail_retired_batches answers its batch
+                continue
+            if pid == 0 or srv.load32(mb + STATE) != MailboxState.IDLE:
+                busy.append(mb)
+            else:
+                idle.append(i)
+        waiting_for_more = False
+        if len(s) and idle and m.pinned:  # sequences: a batch is for one instance
+            plan, wait_until = s.assign(now, idle)
+            for i, batch in plan:
+                self.hand_over(m, i, batch)
+                busy.append(m.mailboxes[i])
+            deadline = earliest(deadline, wait_until)
+        elif len(s) and idle:
+            # One call for all idle instances, so that a policy can share the queue
+            # among them (balanced batches) instead of filling the first.
+            batches, wait_until = s.next_batches(now, len(idle))
+            for i, batch in zip(idle, batches):
+                self.hand_over(m, i, batch)
+                busy.append(m.mailboxes[i])  # busy now: it must ring us when done
+            if len(batches) < len(idle):
+                deadline = earliest(deadline, wait_until)
+                # An idle instance takes it by the deadline; with none, the policy
+                # waits for an event, a worker going idle among them.
+                waiting_for_more = wait_until is not None
+        if m.overlap and len(s) and not waiting_for_more:
+            # every live instance is busy now: give each its next batch
+            deadline = earliest(deadline, self.fill_next(m, now))
+        if len(s) and busy and not waiting_for_more:
+            # Requests are left and every live instance is busy (some just got a
+            # batch): each must ring the doorbell when it goes idle, or the rest
+            # would wait for the idle tick.
+            # SYNC POINT: pairs with the worker's store of IDLE then load of
+            # batcher_waiting: either it rings us, or we see it idle here.
+            for mb in busy:
+                srv.store32(mb + L["mailbox.batcher_waiting"], 1)
+            if any(srv.load32(mb + STATE) == MailboxState.IDLE for mb in busy):
+                deadline = now
         return deadline
 
     def fill_next(self, m: Model, now: int) -> int | None:
