@@ -247,25 +247,25 @@ static void forget_taken(BatcherCore *self, uint32_t n_taken) {
  *     refused, for Python to answer.
  * Entries naming no client, a slot out of range or an ended lease are dropped (nobody
  * to answer), as are stale and duplicate ones. */
-static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
-  unsigned long long pos;
-  PyObject *arenas;
-  if (!PyArg_ParseTuple(args, "KO!", &pos, &PyDict_Type, &arenas)) return NULL;
+static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObject **items_out,
+                      PyObject **stop_out) {
   shms_ring r;
-  if (shms_py_ring_view(self->ctl, self->ring_offset, self->capacity, &r) < 0) return NULL;
-  if (!shms_py_at(self->server, 0, sizeof(shms_server_header), 8)) return NULL;
+  if (shms_py_ring_view(self->ctl, self->ring_offset, self->capacity, &r) < 0) return -1;
+  if (!shms_py_at(self->server, 0, sizeof(shms_server_header), 8)) return -1;
   shms_server_header *h = (shms_server_header *)self->server->base;
-  if (h->n_models != self->n_models)
-    return PyErr_Format(PyExc_ValueError, "the server header's model count changed");
+  if (h->n_models != self->n_models) {
+    PyErr_Format(PyExc_ValueError, "the server header's model count changed");
+    return -1;
+  }
   shms_model_entry *models = (shms_model_entry *)shms_py_at(
       self->server, h->models_offset, (uint64_t)h->n_models * sizeof(shms_model_entry), 8);
-  if (!models) return NULL;
+  if (!models) return -1;
   const uint64_t slots_offset = shms_arena_layout(h->slots_per_client, 0).slots_offset;
   const uint64_t data_offset = shms_arena_layout(h->slots_per_client, 0).data_offset;
   /* SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()). */
   const uint64_t drain_since = shms_load(&h->drain_since_ns, memory_order_seq_cst);
   PyObject *items = NULL, *stop = NULL;
-  uint64_t p = pos;
+  uint64_t p = *pos;
   uint32_t n_taken = 0;
   /* 1. take: claim, copy and validate every published request */
   for (uint64_t n = 0; n < self->capacity; n++) {
@@ -392,7 +392,10 @@ static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
     if (PyErr_Occurred()) goto fail;
     stop = Py_NewRef(Py_None);
   }
-  return Py_BuildValue("(KNN)", (unsigned long long)p, items, stop);
+  *pos = p;
+  *items_out = items;
+  *stop_out = stop;
+  return 0;
 fail:
   /* The requests taken stay QUEUED in their slots: the sweep finds none of them (it
    * looks for SUBMITTED), so this is fatal to the batcher, as any exception in its
@@ -400,7 +403,16 @@ fail:
   forget_taken(self, n_taken);
   Py_XDECREF(items);
   Py_XDECREF(stop);
-  return NULL;
+  return -1;
+}
+
+static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
+  unsigned long long pos;
+  PyObject *arenas, *items, *stop;
+  if (!PyArg_ParseTuple(args, "KO!", &pos, &PyDict_Type, &arenas)) return NULL;
+  uint64_t p = pos;
+  if (drain_ring(self, &p, arenas, &items, &stop) < 0) return NULL;
+  return Py_BuildValue("(KNN)", (unsigned long long)p, items, stop);
 }
 
 /* An int attribute of a Pending, or -1 with an exception. */
@@ -626,19 +638,16 @@ static uint64_t fill_next(BatcherCore *self, core_model *c, uint64_t now, int *h
  * balancing), next batches for its busy ones when two deep, and the instances asked
  * to ring when they go idle while requests wait. The deadline: when the policy holds
  * requests back, or now when an instance went idle while we looked. */
-static PyObject *batcher_dispatch(BatcherCore *self, PyObject *args) {
-  unsigned int model_id;
-  unsigned long long now;
-  if (!PyArg_ParseTuple(args, "IK", &model_id, &now)) return NULL;
-  if (model_id >= self->n_models || !self->queued[model_id].queue)
-    return PyErr_Format(PyExc_ValueError, "model id %u has no queue in C", model_id);
-  core_model *c = &self->queued[model_id];
+static int dispatch_model(BatcherCore *self, core_model *c, uint64_t now, uint64_t *deadline_out,
+                          int *handed_out) {
   BatchQueue *q = c->queue;
   uint64_t deadline = SHMS_BQ_NO_DEADLINE;
   int handed = 0, waiting_for_more = 0, where;
   uint32_t busy_n = 0, idle_n = 0, busy[c->n ? c->n : 1], idle[c->n ? c->n : 1];
   int32_t picked[SHMS_MAX_BATCH_REQUESTS];
-  if (!q->count) return Py_BuildValue("(Oi)", Py_None, 0);
+  *deadline_out = SHMS_BQ_NO_DEADLINE;
+  *handed_out = 0;
+  if (!q->count) return 0;
   for (uint32_t i = 0; i < c->n; i++) {
     shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[i]);
     uint32_t pid = __atomic_load_n(&mb->pid, __ATOMIC_RELAXED);
@@ -659,7 +668,7 @@ static PyObject *batcher_dispatch(BatcherCore *self, PyObject *args) {
       break;
     }
     int h = place_picked(self, c, idle[k], picked, n, now, 0, &where);
-    if (h < 0) return NULL;
+    if (h < 0) return -1;
     if (h) { /* busy now: it must ring us when done */
       busy[busy_n++] = idle[k++];
       handed++;
@@ -667,7 +676,7 @@ static PyObject *batcher_dispatch(BatcherCore *self, PyObject *args) {
   }
   if (c->overlap && q->count && !waiting_for_more) {
     uint64_t wait_until = fill_next(self, c, now, &handed);
-    if (!wait_until) return NULL;
+    if (!wait_until) return -1;
     if (wait_until < deadline) deadline = wait_until;
   }
   if (q->count && busy_n && !waiting_for_more) {
@@ -682,8 +691,172 @@ static PyObject *batcher_dispatch(BatcherCore *self, PyObject *args) {
       if (shms_load(&mb->state, memory_order_seq_cst) == SHMS_MAILBOX_IDLE) deadline = now;
     }
   }
+  *deadline_out = deadline;
+  *handed_out = handed;
+  return 0;
+}
+
+/* dispatch(model_id, now_ns) -> (deadline or None, batches handed over) */
+static PyObject *batcher_dispatch(BatcherCore *self, PyObject *args) {
+  unsigned int model_id;
+  unsigned long long now;
+  if (!PyArg_ParseTuple(args, "IK", &model_id, &now)) return NULL;
+  if (model_id >= self->n_models || !self->queued[model_id].queue)
+    return PyErr_Format(PyExc_ValueError, "model id %u has no queue in C", model_id);
+  uint64_t deadline;
+  int handed;
+  if (dispatch_model(self, &self->queued[model_id], now, &deadline, &handed) < 0) return NULL;
   if (deadline == SHMS_BQ_NO_DEADLINE) return Py_BuildValue("(Oi)", Py_None, handed);
   return Py_BuildValue("(Ki)", (unsigned long long)deadline, handed);
+}
+
+/* Why serve() gave the loop back to Python (batcher.py, Batcher.serve_in_c). */
+enum {
+  SERVE_DRAINED = 1,   /* drain() left items or a stop for Python */
+  SERVE_TIME = 2,      /* until_ns came: Python's own timers */
+  SERVE_IDLE = 3,      /* an idle check's sleep ended with nothing to do */
+  SERVE_LOST_RING = 4, /* a sleep ran its whole course: a push did not wake us */
+  SERVE_TABLE = 5,     /* the model table changed */
+  SERVE_RING = 6,      /* enqueue_pos is outside the ring: Python repairs it */
+  SERVE_NOT_READY = 7, /* a model with requests queued here is not ready */
+};
+
+/* serve(pos, arenas, seen, deadline, until_ns, woken_until_ns, epoch, spin, idle_check_ns,
+ *       states) -> (pos, why, items, stop, handed, consumed)
+ * The batcher's loop (batcher.py's serve_forever) while every request is C's: sleep
+ * until rung or the deadline, take the ring (drain_ring), hand batches over
+ * (dispatch_model per queued model), and again, with no Python per pass. Python
+ * calls it after a pass of its own found nothing of its own to do (no request in a
+ * Python queue, no defence on, no stalled claim, no damage, no drain), with that
+ * pass's doorbell value (seen) and deadline; it gets the loop back (why) as soon as
+ * anything is Python's, at until_ns (its sweep), and on the first wake-up from
+ * woken_until_ns on (its timers that only matter when something happens: retired
+ * instances, the doorbell's noise window). states: every mailbox's state offset (spin only while
+ * no worker computes). items and stop: drain()'s, for Python to finish. */
+static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
+  unsigned long long pos, until, woken_until, idle_check;
+  unsigned int seen, epoch;
+  PyObject *arenas, *deadline_obj, *spin, *states;
+  if (!PyArg_ParseTuple(args, "KO!IOKKIOKO!", &pos, &PyDict_Type, &arenas, &seen, &deadline_obj,
+                        &until, &woken_until, &epoch, &spin, &idle_check, &PyTuple_Type,
+                        &states))
+    return NULL;
+  uint64_t deadline = SHMS_BQ_NO_DEADLINE;
+  if (deadline_obj != Py_None) {
+    deadline = PyLong_AsUnsignedLongLong(deadline_obj);
+    if (deadline == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+  }
+  Spin *policy = Py_TYPE(spin) == &SpinType ? (Spin *)spin : NULL;
+  long long spin_ns = 0;
+  if (!policy && (spin_ns = PyLong_AsLongLong(spin)) == -1 && PyErr_Occurred()) return NULL;
+  shms_ring r;
+  if (shms_py_ring_view(self->ctl, self->ring_offset, self->capacity, &r) < 0 ||
+      !shms_py_at(self->server, 0, sizeof(shms_server_header), 8))
+    return NULL;
+  shms_server_header *h = (shms_server_header *)self->server->base;
+  Py_ssize_t n_states = PyTuple_GET_SIZE(states);
+  SHMS_ATOMIC(uint32_t) *state[n_states ? n_states : 1];
+  for (Py_ssize_t i = 0; i < n_states; i++) {
+    unsigned long long off = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(states, i));
+    if (off == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (!(state[i] = (SHMS_ATOMIC(uint32_t) *)shms_py_at(self->server, off, 4, 4))) return NULL;
+  }
+  uint64_t p = pos, start = pos;
+  int why = 0, handed = 0;
+  PyObject *items = NULL, *stop = NULL;
+  Py_INCREF(spin); /* the settings thread may change the policy while we wait */
+  for (;;) {
+    /* 4. sleep until rung, or until the deadline (batcher.py's step 4) */
+    uint64_t now = shms_now_ns();
+    if (now >= until) {
+      why = SERVE_TIME;
+      break;
+    }
+    uint64_t timeout = deadline == SHMS_BQ_NO_DEADLINE ? idle_check
+                       : deadline > now                ? deadline - now
+                                                       : 0;
+    int idle = deadline == SHMS_BQ_NO_DEADLINE, capped = timeout > until - now;
+    if (capped) { /* our timer's end, not the loop's: no evidence of anything */
+      timeout = until - now;
+      idle = 0;
+    }
+    int busy = 0;
+    for (Py_ssize_t i = 0; i < n_states && !busy; i++)
+      busy = shms_load(state[i], memory_order_relaxed) != 0;
+    int woke;
+    shms_py_enter(self->ctl);
+    Py_BEGIN_ALLOW_THREADS
+    /* SYNC POINT: as batcher.py's wait: clients (ring_push + doorbell_ring) and
+     * workers (idle) ring us; sole: we are the doorbell's one sleeper. */
+    woke = policy && !busy
+               ? shms_spin_wait(&policy->spin, &r.ctl->doorbell, &r.ctl->batcher_sleeping, seen,
+                                (int64_t)timeout, 1)
+               : shms_doorbell_wait_x(&r.ctl->doorbell, &r.ctl->batcher_sleeping, seen,
+                                      busy ? 0 : spin_ns, (int64_t)timeout, NULL, 1);
+    Py_END_ALLOW_THREADS
+    shms_py_leave(self->ctl);
+    if (woke > 0 && woke < 3) shms_fetch_add(&h->batcher_wakeups[woke], 1, memory_order_relaxed);
+    if (!woke && idle) {
+      why = SERVE_IDLE;
+      break;
+    }
+    if (woke == SHMS_WAKE_SLEEP && !capped && timeout >= 1000000 &&
+        shms_now_ns() - now >= timeout) {
+      why = SERVE_LOST_RING;
+      break;
+    }
+    if (woke && shms_now_ns() >= woken_until) {
+      why = SERVE_TIME;
+      break;
+    }
+    /* 0.-3. a pass: the table, the ring, the batches */
+    seen = shms_load(&r.ctl->doorbell, memory_order_seq_cst);
+    if (shms_load(&h->table_epoch, memory_order_seq_cst) != epoch) {
+      why = SERVE_TABLE;
+      break;
+    }
+    if (shms_load(&r.ctl->enqueue_pos, memory_order_acquire) - p > r.capacity) {
+      why = SERVE_RING;
+      break;
+    }
+    uint64_t before = p;
+    if (drain_ring(self, &p, arenas, &items, &stop) < 0) goto fail;
+    if (p != before) shms_store(&h->ring_pos, p, memory_order_relaxed);
+    if (PyList_GET_SIZE(items) || stop != Py_None) {
+      why = SERVE_DRAINED;
+      break;
+    }
+    Py_CLEAR(items);
+    Py_CLEAR(stop);
+    now = shms_now_ns();
+    deadline = SHMS_BQ_NO_DEADLINE;
+    for (uint32_t m = 0; m < self->n_models; m++) {
+      core_model *c = &self->queued[m];
+      if (!c->queue || !c->queue->count) continue;
+      shms_model_entry *entry = (shms_model_entry *)(self->server->base + c->model_off);
+      if (!shms_load(&entry->ready, memory_order_seq_cst)) {
+        why = SERVE_NOT_READY;
+        break;
+      }
+      uint64_t d;
+      int n;
+      if (dispatch_model(self, c, now, &d, &n) < 0) goto fail;
+      handed += n;
+      if (d < deadline) deadline = d;
+      shms_store(&entry->stats.pending, (uint64_t)c->queue->count, memory_order_relaxed);
+    }
+    if (why) break;
+  }
+  Py_DECREF(spin);
+  if (!items) items = PyList_New(0);
+  if (!stop) stop = Py_NewRef(Py_None);
+  return Py_BuildValue("(KiNNiK)", (unsigned long long)p, why, items, stop, handed,
+                       (unsigned long long)(p - start));
+fail:
+  Py_DECREF(spin);
+  Py_XDECREF(items);
+  Py_XDECREF(stop);
+  return NULL;
 }
 
 static PyMethodDef batcher_methods[] = {
@@ -696,6 +869,10 @@ static PyMethodDef batcher_methods[] = {
     {"dispatch", (PyCFunction)batcher_dispatch, METH_VARARGS,
      "dispatch(model_id, now_ns) -> (deadline or None, batches handed over): batches of a "
      "model whose queue is C's."},
+    {"serve", (PyCFunction)batcher_serve, METH_VARARGS,
+     "serve(pos, arenas, seen, deadline, until_ns, woken_until_ns, epoch, spin, idle_check_ns, "
+     "states) -> "
+     "(pos, why, items, stop, handed, consumed): the loop while every request is C's."},
     {"set_direct", (PyCFunction)batcher_set_direct, METH_VARARGS,
      "set_direct(model_id, mailboxes or None): lone requests skip the scheduler."},
     {"hand_over", (PyCFunction)batcher_hand_over, METH_VARARGS,

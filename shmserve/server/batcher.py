@@ -40,6 +40,10 @@ WATCHFUL_SLEEP_NS = 100_000
 NOISE_WINDOW_NS = 10_000_000
 NOISE_RINGS = 200  # rings in a window beyond twice the entries and batches
 STATE, PID = L["mailbox.state"], L["mailbox.pid"]
+# Why BatcherCore.serve gave the loop back (csrc/batcher.c)
+SERVE_DRAINED, SERVE_TIME, SERVE_IDLE, SERVE_LOST_RING = 1, 2, 3, 4
+LOST_RING = ("request ring: a push did not wake the batcher (a client zeroes "
+             "control.batcher_sleeping or pushes without ringing)")
 
 
 def earliest(a: int | None, b: int | None) -> int | None:
@@ -93,6 +97,9 @@ class Batcher:
         self.handed = 0  # batches handed over by this loop, ever
         self.noise_window = (0, 0, 0, 0)  # (start ns, doorbell, entries, batches) then
         self.retired_check_at = 0
+        # every mailbox's state: the loop spins only while no worker computes
+        self.states = tuple(self.maps.layout.mailbox(w) + L["mailbox.state"]
+                            for w in range(self.maps.layout.n_workers))
         for m in boot["models"]:
             self.add(m)
         # Changes of the model table (models.py), one JSON line each, numbered by the
@@ -364,8 +371,7 @@ class Batcher:
         ctl, intake = self.maps.ctl, self.intake
         bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
         spin = self.maps.spin
-        states = [self.maps.layout.mailbox(w) + L["mailbox.state"]
-                  for w in range(self.maps.layout.n_workers)]
+        states = self.states
         srv, epoch = self.maps.srv, L["server.table_epoch"]
         while True:
             seen = ctl.load32(bell)
@@ -384,6 +390,10 @@ class Batcher:
             # 4. sleep until rung, or until the deadline
             now = now_ns()
             timeout = self.idle_check_ns if deadline is None else max(0, deadline - now)
+            if self.all_in_c(now):  # the common case: passes in C until one is ours
+                if not self.serve_in_c(seen, deadline):
+                    return
+                continue
             watchful = now < self.watchful_until
             if watchful:
                 timeout = min(timeout, WATCHFUL_SLEEP_NS)
@@ -408,11 +418,42 @@ class Batcher:
                 # a short deadline's sleep may end with a push by chance: not evidence
                 if woke == Wake.SLEEP and (watchful or timeout >= 1_000_000) \
                         and now_ns() - now >= timeout:
-                    self.watchful_until = self.defend(
-                        self.watchful_until, "request ring: a push did not wake the batcher "
-                        "(a client zeroes control.batcher_sleeping or pushes without ringing)")
+                    self.watchful_until = self.defend(self.watchful_until, LOST_RING)
             elif deadline is None and not self.maps.parent_alive():
                 return
+
+    def all_in_c(self, now: int) -> bool:
+        """Whether the loop may run in C (BatcherCore.serve): no request is in a
+        Python queue, and nothing of Python's is on (a defence, a stalled claim at the
+        ring head, ring damage, a model unloading)."""
+        intake = self.intake
+        return (now >= self.watchful_until and now >= self.deaf_until and intake.stall is None
+                and now >= intake.damaged_until and not self.draining
+                and not any(len(m.scheduler) for m in self.models if not m.in_core))
+
+    def serve_in_c(self, seen: int, deadline: int | None) -> bool:
+        """Passes in C (BatcherCore.serve) from this pass's doorbell value and
+        deadline, until something is Python's: requests or stops its drain left (the
+        next pass's drain_ring finishes them), our timers (the sweep; once rung,
+        retired instances and the doorbell's noise window), a lost ring, the idle
+        check, a model table change or ring damage. Returns
+        False when the coordinator is gone."""
+        intake = self.intake
+        self.watch_noise(self.maps.ctl.load32(L["control.doorbell"]))  # a fresh window
+        # the sweep is due even on a quiet server; the others only matter once rung
+        woken_until = min(self.retired_check_at, self.noise_window[0] + NOISE_WINDOW_NS)
+        (intake.ring.pos, why, items, stop, handed, consumed) = self.core.serve(
+            intake.ring.pos, self.maps.arenas, seen, deadline, intake.sweep_at, woken_until,
+            self.epoch, self.maps.spin, self.idle_check_ns, self.states)
+        intake.consumed += consumed
+        self.handed += handed
+        if why == SERVE_DRAINED:
+            intake.carried = (items, stop)
+        elif why == SERVE_LOST_RING:
+            self.watchful_until = self.defend(self.watchful_until, LOST_RING)
+        elif why == SERVE_IDLE:
+            return self.maps.parent_alive()
+        return True
 
     def watch_noise(self, bell: int) -> None:
         """Counts the doorbell's rings against the ring entries taken and the batches

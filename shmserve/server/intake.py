@@ -59,6 +59,8 @@ class Intake:
         self.damaged_until = 0  # ring damage seen until then: DAMAGED_SWEEP_NS sweeps
         self.damage_logged_at = self.lost_logged_at = 0
         self.consumed = 0  # ring entries taken, ever: one ring of the doorbell each
+        # (items, stop) of a drain BatcherCore.serve did, for the next drain_ring
+        self.carried: tuple | None = None
 
     # -- take every published request from the ring ------------------------------
     def drain_ring(self) -> bool:
@@ -70,7 +72,10 @@ class Intake:
             self.ring_damaged("enqueue_pos was outside the ring; moved back")
         tries = 0
         while True:
-            ring.pos, items, stop = self.core.drain(ring.pos, self.maps.arenas)
+            if self.carried is not None:  # what BatcherCore.serve's drain left us
+                (items, stop), self.carried = self.carried, None
+            else:
+                ring.pos, items, stop = self.core.drain(ring.pos, self.maps.arenas)
             if items:
                 took = True
                 for model_id, p, extra in items:
