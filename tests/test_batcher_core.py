@@ -334,3 +334,98 @@ def test_a_move_a_dead_process_left_half_done_is_finished_by_its_successor(rig, 
         assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
     assert rig.srv.mailbox_finish(mb) is True  # a restarted worker moves it in place
     assert rig.assigned(mb) == [b.shadow] and rig.state(mb) == MailboxState.ASSIGNED
+
+
+# -- a model whose queue is C's (set_queue, dispatch, serve) ----------------------
+
+
+def c_queue(rig, delay_us: int = 0, overlap: bool = False) -> _core.BatchQueue:
+    """Model 0's queue in C: drain() fills it, dispatch() and serve() empty it."""
+    q = _core.BatchQueue(Pending, 8, delay_us, (), 0)
+    rig.core.set_queue(0, q, rig.mailboxes, rig.slay.model(0), overlap)
+    return q
+
+
+def test_a_c_queued_model_s_requests_never_become_python_objects(rig):
+    q = c_queue(rig)
+    shadows = [rig.slay.shadow_index(0, s) for s in range(3)]
+    for slot in range(3):
+        rig.submit(0, slot)
+    assert rig.drain() == ([], None) and len(q) == 3
+    # greedy: the first idle instance gets all three in one batch (8 rows at most)
+    assert rig.core.dispatch(0, _core.now_ns()) == (None, 1)
+    assert rig.assigned(rig.mailboxes[0]) == shadows
+    assert rig.state(rig.mailboxes[1]) == MailboxState.IDLE
+    assert rig.queue_waits() == 3 and rig.stamp(0, 2, Timestamp.BATCHED) > 0
+    assert len(q) == 0 and rig.core.dispatch(0, _core.now_ns()) == (None, 0)
+
+
+def test_a_c_queued_model_waits_for_its_queue_delay(rig):
+    q = c_queue(rig, delay_us=1000)
+    rig.submit(0, 0)
+    rig.drain()
+    (p,) = q.ordered()
+    assert rig.core.dispatch(0, p.arrived_ns + 10) == (p.arrived_ns + 1_000_000, 0)
+    assert [rig.state(mb) for mb in rig.mailboxes] == [MailboxState.IDLE] * 2
+    assert rig.core.dispatch(0, p.arrived_ns + 1_000_000) == (None, 1)
+    assert rig.assigned(rig.mailboxes[0]) == [p.shadow]
+
+
+def test_a_c_queued_model_two_deep_fills_and_grows_the_next_batch(rig):
+    c_queue(rig, overlap=True)
+    mb, other = rig.mailboxes
+    rig.srv.store32(other + L["mailbox.pid"], P.MAILBOX_RETIRED)  # one live instance
+    rig.srv.store32(mb + L["mailbox.state"], MailboxState.ASSIGNED)  # computing
+    rig.submit(0, 0)
+    rig.drain()
+    assert rig.core.dispatch(0, _core.now_ns()) == (None, 1)
+    assert rig.state(mb) == MailboxState.ASSIGNED_NEXT
+    assert next_batch(rig, mb) == [rig.slay.shadow_index(0, 0)]
+    rig.submit(1, 0)
+    rig.drain()
+    rig.core.dispatch(0, _core.now_ns())
+    assert next_batch(rig, mb) == [rig.slay.shadow_index(0, 0), rig.slay.shadow_index(1, 0)]
+
+
+def test_a_c_queued_model_with_requests_left_asks_its_busy_instances_to_ring(rig):
+    q = _core.BatchQueue(Pending, 1, 0, (), 0)  # one row a batch: the second waits
+    rig.core.set_queue(0, q, rig.mailboxes[:1], rig.slay.model(0), False)
+    rig.submit(0, 0)
+    rig.submit(0, 1)
+    rig.drain()
+    assert rig.core.dispatch(0, _core.now_ns()) == (None, 1) and len(q) == 1
+    assert rig.srv.load32(rig.mailboxes[0] + L["mailbox.batcher_waiting"]) == 1
+
+
+def serve(rig, until_ns: int | None = None, epoch: int | None = None):
+    """BatcherCore.serve from a doorbell value already gone by (so it passes at once),
+    until it gives the loop back; a 1 ms idle check."""
+    bell = rig.ctl.load32(L["control.doorbell"])
+    now = _core.now_ns()
+    states = tuple(mb + L["mailbox.state"] for mb in rig.mailboxes)
+    epoch = rig.srv.load32(L["server.table_epoch"]) if epoch is None else epoch
+    rig.pos, why, items, stop, handed, consumed = rig.core.serve(
+        rig.pos, rig.arenas, bell - 1, None, until_ns or now + 10**9, now + 10**9, epoch, 0,
+        1_000_000, states)
+    return why, items, stop, handed, consumed
+
+
+def test_serve_runs_the_loop_in_c_until_the_idle_check(rig):
+    c_queue(rig)
+    for slot in range(2):
+        rig.submit(0, slot)
+    why, items, stop, handed, consumed = serve(rig)
+    assert (why, items, stop, handed, consumed) == (3, [], None, 1, 2)  # SERVE_IDLE
+    assert rig.assigned(rig.mailboxes[0]) == [rig.slay.shadow_index(0, s) for s in range(2)]
+    assert rig.srv.load64(L["server.ring_pos"]) == 2  # for a successor
+    assert rig.srv.model_stats(rig.slay.model(0))["pending"] == 0
+
+
+def test_serve_gives_back_what_is_python_s(rig):
+    c_queue(rig)
+    rig.submit(0, 0, flags=L["REQUEST_SEQUENCE_START"])  # options: Python checks them
+    why, items, stop, _, consumed = serve(rig)
+    assert why == 1 and stop is None and consumed == 1  # SERVE_DRAINED
+    assert len(items) == 1 and items[0][2] is not None
+    assert serve(rig, epoch=12345)[0] == 5  # SERVE_TABLE: the model table changed
+    assert serve(rig, until_ns=1)[0] == 2  # SERVE_TIME: Python's timer is due
