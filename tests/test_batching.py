@@ -216,6 +216,31 @@ def test_burst_from_one_caller_is_not_held_by_a_timer(server_factory):
     assert stats["shmserve"]["batch_requests"] == {"1": 80}  # each request alone: 8 rows fill a batch
 
 
+def test_bursts_to_a_python_queue_between_c_queued_requests_are_all_taken(server_factory):
+    """The batcher's loop runs in C while no request is in a Python queue, and gives it
+    back when its drain finds one (BatcherCore.serve). A request pushed between that
+    drain and the next Python pass's look at the doorbell rang before that look: the
+    pass must drain again, or the request waits for the model's 60 s queue delay (here:
+    the watchdog). "held" batches in Python (priority levels), 4 rows a preferred batch;
+    "plain" in C."""
+    import numpy as np
+    from helpers import IDENTITY_CODE, python_config, write_model
+
+    def setup(repo):
+        write_model(repo, "held", python_config("held", dynamic_batching=(
+            "{ preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 60000000 "
+            "priority_levels: 2 default_priority_level: 1 }")), IDENTITY_CODE)
+        write_model(repo, "plain", python_config("plain"), IDENTITY_CODE)
+
+    server = server_factory(models=(), setup=setup)
+    c = server.client()
+    x = np.ones((1, 4), np.float32)
+    for i in range(60):
+        assert (c.infer("plain", {"INPUT0": x * i})["OUTPUT0"] == i).all()
+        futures = [c.submit("held", {"INPUT0": x * k}, copy=True) for k in range(4)]
+        assert [int(f.result(timeout=20)["OUTPUT0"][0, 0]) for f in futures] == [0, 1, 2, 3]
+
+
 # -- instance balancing (issue 11): several idle instances share what is ready --------
 
 

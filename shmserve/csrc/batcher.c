@@ -4,10 +4,13 @@
  * drain() pops the request ring, finds each entry's lease and mapped arena, claims,
  * copies and validates the request (shms_take_request) and builds its queue entry
  * (scheduling.Pending); hand_over() stamps a batch's requests, records their queue
- * time and assigns the batch to a worker's mailbox. Python keeps the policy (the
- * schedulers) and everything rare (server/intake.py): an arena to map, an invalid
- * request to answer, a stalled or damaged ring head, parameters and sequence ids to
- * decode, a draining server. The procedures are shmserve.h's.
+ * time and assigns the batch to a worker's mailbox. The common policy has its queue in
+ * C (batch_queue.c): for such a model, drain() queues its requests with no Python
+ * object, dispatch() hands its batches over, and serve() runs the whole loop (sleep,
+ * drain, dispatch) while every request is C's. Python keeps the other policies and
+ * everything rare (server/intake.py): an arena to map, an invalid request to answer,
+ * a stalled or damaged ring head, parameters and sequence ids to decode, a draining
+ * server. The procedures are shmserve.h's.
  */
 #include "core.h"
 

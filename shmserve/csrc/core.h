@@ -1,9 +1,10 @@
 /*
  * core.h — private to the Python extension shmserve._core (core.c, mapping.c, slots.c,
- * stats.c, arena.c, client.c, client_call.c, batch.c, batcher.c, pb_types.c): the Mapping type
- * every segment is operated through, a client's arena allocator and blocks, the client's
- * C core, and their helpers. The protocol itself is in shmserve.h; these files only
- * translate it to Python (client_call.c runs a whole request with its procedures).
+ * stats.c, arena.c, client.c, client_call.c, batch.c, batcher.c, batch_queue.c, pb_types.c):
+ * the Mapping type every segment is operated through, a client's arena allocator and
+ * blocks, the client's C core, and their helpers. The protocol itself is in shmserve.h;
+ * these files only translate it to Python (client_call.c runs a whole request with its
+ * procedures).
  */
 #ifndef SHMS_CORE_H
 #define SHMS_CORE_H

@@ -70,17 +70,22 @@ class Intake:
         start, took = ring.pos, False
         if ring.repair():
             self.ring_damaged("enqueue_pos was outside the ring; moved back")
-        tries = 0
+        tries, fresh = 0, False
         while True:
             if self.carried is not None:  # what BatcherCore.serve's drain left us
                 (items, stop), self.carried = self.carried, None
             else:
                 ring.pos, items, stop = self.core.drain(ring.pos, self.maps.arenas)
+                fresh = True
             if items:
                 took = True
                 for model_id, p, extra in items:
                     self.queue(model_id, p, extra)
             if stop is None:
+                if not fresh:
+                    # SYNC POINT: that drain was before this pass loaded the doorbell's
+                    # value: what was pushed in between rang before it. Drain again.
+                    continue
                 self.stall = None
                 break
             if stop[0] == STOP_ENTRY:  # its arena is not mapped here yet
@@ -93,6 +98,8 @@ class Intake:
                 continue
             _, kind, a, b = stop  # the ring's head: stalled claim or damage
             if kind == POP_STALLED and not self.may_skip_claim(a, b):
+                if not fresh:
+                    continue  # as above: look at the head again
                 break
             # Bounded (failed skips included), so that a client rewriting cells as fast
             # as we skip them cannot keep the batcher here; the next pass goes on.
