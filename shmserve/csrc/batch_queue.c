@@ -269,7 +269,7 @@ static PyObject *pendings(BatchQueue *q, const int32_t *picked, int n, int take)
   return list;
 }
 
-static int attr_u64(PyObject *o, PyObject *name, uint64_t *out) {
+int shms_py_attr_u64(PyObject *o, PyObject *name, uint64_t *out) {
   PyObject *v = PyObject_GetAttr(o, name);
   if (!v) return -1;
   unsigned long long x = PyLong_AsUnsignedLongLong(v);
@@ -354,10 +354,13 @@ static PyObject *bq_push(BatchQueue *self, PyObject *p) {
   if (!client) goto fail;
   it.client = PyLong_AsLongLong(client);
   Py_DECREF(client);
-  if ((it.client == -1 && PyErr_Occurred()) || attr_u64(p, s_shadow, &shadow) < 0 ||
-      attr_u64(p, s_rows, &rows) < 0 || attr_u64(p, s_arrived_ns, &it.arrived_ns) < 0 ||
-      attr_u64(p, s_slot_off, &it.slot_off) < 0 || attr_u64(p, s_generation, &generation) < 0 ||
-      attr_u64(p, s_priority, &priority) < 0 || attr_u64(p, s_timeout_us, &it.timeout_us) < 0)
+  if ((it.client == -1 && PyErr_Occurred()) || shms_py_attr_u64(p, s_shadow, &shadow) < 0 ||
+      shms_py_attr_u64(p, s_rows, &rows) < 0 ||
+      shms_py_attr_u64(p, s_arrived_ns, &it.arrived_ns) < 0 ||
+      shms_py_attr_u64(p, s_slot_off, &it.slot_off) < 0 ||
+      shms_py_attr_u64(p, s_generation, &generation) < 0 ||
+      shms_py_attr_u64(p, s_priority, &priority) < 0 ||
+      shms_py_attr_u64(p, s_timeout_us, &it.timeout_us) < 0)
     goto fail;
   it.shadow = (uint32_t)shadow;
   it.rows = (uint32_t)rows;
@@ -395,7 +398,7 @@ static PyObject *bq_join(BatchQueue *self, PyObject *batch) {
   uint64_t rows = 0;
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch); i++) {
     uint64_t r;
-    if (attr_u64(PyList_GET_ITEM(batch, i), s_rows, &r) < 0) return NULL;
+    if (shms_py_attr_u64(PyList_GET_ITEM(batch, i), s_rows, &r) < 0) return NULL;
     rows += r;
   }
   PyObject *key = PyObject_GetAttr(PyList_GET_ITEM(batch, 0), s_key);

@@ -418,15 +418,6 @@ static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
   return Py_BuildValue("(KNN)", (unsigned long long)p, items, stop);
 }
 
-/* An int attribute of a Pending, or -1 with an exception. */
-static int pending_u64(PyObject *p, PyObject *name, unsigned long long *out) {
-  PyObject *v = PyObject_GetAttr(p, name);
-  if (!v) return -1;
-  *out = PyLong_AsUnsignedLongLong(v);
-  Py_DECREF(v);
-  return *out == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
-}
-
 /* The shadows of a batch's Pendings, each stamped BATCHED with its queue time recorded
  * in the model's statistics; those whose lease ended while queued (arena unmapped:
  * Segment.ops None) are left out. Returns how many, or -1 with an exception. */
@@ -451,9 +442,10 @@ static Py_ssize_t stamp_batch(BatcherCore *self, shms_model_entry *m, PyObject *
       PyErr_SetString(PyExc_TypeError, "Pending.arena.ops is not a Mapping");
       return -1;
     }
-    unsigned long long shadow, slot_off, arrived;
-    if (pending_u64(p, s_shadow, &shadow) < 0 || pending_u64(p, s_slot_off, &slot_off) < 0 ||
-        pending_u64(p, s_arrived_ns, &arrived) < 0)
+    uint64_t shadow, slot_off, arrived;
+    if (shms_py_attr_u64(p, s_shadow, &shadow) < 0 ||
+        shms_py_attr_u64(p, s_slot_off, &slot_off) < 0 ||
+        shms_py_attr_u64(p, s_arrived_ns, &arrived) < 0)
       return -1;
     shms_slot *s = (shms_slot *)shms_py_at((Mapping *)ops, slot_off, sizeof(shms_slot), 8);
     if (!s) return -1;

@@ -151,6 +151,8 @@ typedef struct {
 } BatchQueue;
 extern PyTypeObject BatchQueueType;
 int shms_py_batch_queue_ready(void); /* interned names; -1 with an exception */
+/* An unsigned int attribute (of a Pending): 0, or -1 with an exception. */
+int shms_py_attr_u64(PyObject *o, PyObject *name, uint64_t *out);
 
 #define SHMS_BQ_NO_DEADLINE UINT64_MAX
 /* Whether one more request of this client fits (max_queue_size, max_per_client). */
