@@ -429,3 +429,28 @@ def test_serve_gives_back_what_is_python_s(rig):
     assert len(items) == 1 and items[0][2] is not None
     assert serve(rig, epoch=12345)[0] == 5  # SERVE_TABLE: the model table changed
     assert serve(rig, until_ns=1)[0] == 2  # SERVE_TIME: Python's timer is due
+
+
+def test_a_c_queued_model_s_requests_after_one_for_python_follow_it_there(rig):
+    """Each client's requests keep their order: once one of a model's requests in a
+    drain goes to Python (options to check), its later ones go too, not into C's queue
+    ahead of it."""
+    q = c_queue(rig)
+    rig.submit(0, 0, flags=L["REQUEST_SEQUENCE_START"])
+    rig.submit(0, 1)
+    items, stop = rig.drain()
+    assert stop is None and len(q) == 0
+    assert [p.slot_off for _, p, _ in items] == [rig.alay.slot(0), rig.alay.slot(1)]
+    assert items[1][2] is None  # plain: Python queues it into the same C queue, after
+    rig.submit(0, 2)
+    assert rig.drain() == ([], None) and len(q) == 1  # a new drain: C's again
+
+
+def test_a_batch_queue_is_used_only_as_built():
+    with pytest.raises(RuntimeError, match="__init__"):
+        _core.BatchQueue.__new__(_core.BatchQueue).push(Pending(0, 1, b"a", 0, None, 0))
+    q = _core.BatchQueue(Pending, 8, 0, (), 0)
+    with pytest.raises(RuntimeError, match="initialized once"):
+        q.__init__(Pending, 8, 0, (), 0)
+    with pytest.raises(ValueError, match="preferred batch sizes"):
+        _core.BatchQueue(Pending, 1024, 0, tuple(range(1, 300)), 0)

@@ -287,10 +287,19 @@ static int bq_init(BatchQueue *self, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTuple(args, "OIKOI", &pending_type, &max_rows, &delay_us, &preferred,
                         &max_queue_size))
     return -1;
+  if (self->pending_type) {
+    PyErr_SetString(PyExc_RuntimeError, "a BatchQueue is initialized once");
+    return -1;
+  }
   PyObject *seq = PySequence_Fast(preferred, "preferred must be a sequence of ints");
   if (!seq) return -1;
   Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  if (n > SHMS_MAX_BATCH_REQUESTS) n = SHMS_MAX_BATCH_REQUESTS;
+  if (n > SHMS_MAX_BATCH_REQUESTS) {
+    Py_DECREF(seq);
+    PyErr_Format(PyExc_ValueError, "at most %d preferred batch sizes, not %zd",
+                 SHMS_MAX_BATCH_REQUESTS, n);
+    return -1;
+  }
   for (Py_ssize_t i = 0; i < n; i++) {
     unsigned long v = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(seq, i));
     if (v == (unsigned long)-1 && PyErr_Occurred()) {
@@ -305,8 +314,16 @@ static int bq_init(BatchQueue *self, PyObject *args, PyObject *kw) {
   self->max_rows = max_rows ? max_rows : 1;
   self->delay_ns = delay_us * 1000;
   self->max_queue_size = max_queue_size;
-  self->free_head = -1;
   return 0;
+}
+
+static PyObject *bq_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+  BatchQueue *self = (BatchQueue *)type->tp_alloc(type, 0);
+  if (self) {
+    self->free_head = -1; /* no item yet, free or not */
+    self->max_rows = 1;
+  }
+  return (PyObject *)self;
 }
 
 static void bq_dealloc(BatchQueue *self) {
@@ -341,6 +358,8 @@ static PyObject *bq_client_count(BatchQueue *self, PyObject *client) {
 /* push(pending): queues a Pending (intake's path for requests Python took). */
 static PyObject *bq_push(BatchQueue *self, PyObject *p) {
   shms_bq_item it = {0};
+  if (!self->pending_type)
+    return PyErr_Format(PyExc_RuntimeError, "BatchQueue.__init__ was not called");
   uint64_t shadow, rows, generation, priority;
   PyObject *key = PyObject_GetAttr(p, s_key);
   if (!key) return NULL;
@@ -458,7 +477,7 @@ PyTypeObject BatchQueueType = {
     .tp_basicsize = sizeof(BatchQueue),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A model's queue under dynamic batching, plain queue policy (batch_queue.c).",
-    .tp_new = PyType_GenericNew,
+    .tp_new = bq_new,
     .tp_init = (initproc)bq_init,
     .tp_dealloc = (destructor)bq_dealloc,
     .tp_methods = bq_methods,

@@ -52,6 +52,7 @@ typedef struct {
   direct_model *direct;   /* [n_models] */
   core_model *queued;     /* [n_models] */
   uint32_t *pass_count;   /* [n_models]: requests of each model taken by this drain() */
+  uint8_t *to_python;     /* [n_models]: a request of it went to Python in this drain() */
   taken_request *taken;   /* [capacity] */
 } BatcherCore;
 
@@ -81,8 +82,9 @@ static int batcher_init(BatcherCore *self, PyObject *args, PyObject *kw) {
   self->direct = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(direct_model));
   self->queued = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(core_model));
   self->pass_count = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(uint32_t));
+  self->to_python = PyMem_Calloc(self->n_models ? self->n_models : 1, 1);
   self->taken = PyMem_Calloc(cap, sizeof(taken_request));
-  if (!self->direct || !self->queued || !self->pass_count || !self->taken) {
+  if (!self->direct || !self->queued || !self->pass_count || !self->to_python || !self->taken) {
     PyErr_NoMemory();
     return -1;
   }
@@ -105,6 +107,7 @@ static void batcher_dealloc(BatcherCore *self) {
   PyMem_Free(self->direct);
   PyMem_Free(self->queued);
   PyMem_Free(self->pass_count);
+  PyMem_Free(self->to_python);
   PyMem_Free(self->taken);
   Py_XDECREF(self->ctl);
   Py_XDECREF(self->server);
@@ -230,6 +233,7 @@ static void batched(shms_slot *s, shms_model_entry *m, uint64_t arrived, uint64_
 static void forget_taken(BatcherCore *self, uint32_t n_taken) {
   for (uint32_t i = 0; i < n_taken; i++) {
     self->pass_count[self->taken[i].model_id] = 0;
+    self->to_python[self->taken[i].model_id] = 0;
     Py_CLEAR(self->taken[i].seg);
   }
 }
@@ -351,7 +355,9 @@ static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObje
     }
     int64_t key[SHMS_SHAPE_KEY_MAX];
     size_t nk = shms_shape_key(rq, &models[rq->model_id], key);
-    if (plain && queue && shms_bq_room(queue, t->client_id)) { /* C's queue: no Pending */
+    /* C's queue, no Pending; but once a request of the model went to Python in this
+     * drain, its later ones follow it there, so that each client's keep their order. */
+    if (plain && queue && !self->to_python[t->model_id] && shms_bq_room(queue, t->client_id)) {
       shms_bq_item it = {.shadow = t->shadow, .rows = sh->batch_rows,
                          .generation = t->generation, .priority = rq->priority,
                          .client = t->client_id, .arrived_ns = sh->taken_ns,
@@ -366,6 +372,7 @@ static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObje
       continue;
     }
     /* Python's: its options to check, or a refusal (full queue) to word */
+    self->to_python[t->model_id] = 1;
     /* Pending(shadow, rows, key, arrived_ns, arena, slot_off, generation, priority,
      *         timeout_us, queue_index, client) */
     PyObject *pending = PyObject_CallFunction(
@@ -598,7 +605,7 @@ static int place_picked(BatcherCore *self, core_model *c, uint32_t i, const int3
 static uint64_t fill_next(BatcherCore *self, core_model *c, uint64_t now, int *handed) {
   BatchQueue *q = c->queue;
   int32_t picked[SHMS_MAX_BATCH_REQUESTS];
-  uint32_t free_n = 0, free[c->n ? c->n : 1];
+  uint32_t free_n = 0, free_mb[c->n ? c->n : 1];
   int where;
   for (uint32_t i = 0; i < c->n; i++) {
     shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[i]);
@@ -611,13 +618,13 @@ static uint64_t fill_next(BatcherCore *self, core_model *c, uint64_t now, int *h
     }
     note_next(nb, 0, NULL, 0, 0); /* taken by its worker, or never there */
     uint32_t pid = __atomic_load_n(&mb->pid, __ATOMIC_RELAXED);
-    if (state == SHMS_MAILBOX_ASSIGNED && pid && pid != SHMS_MAILBOX_RETIRED) free[free_n++] = i;
+    if (state == SHMS_MAILBOX_ASSIGNED && pid && pid != SHMS_MAILBOX_RETIRED) free_mb[free_n++] = i;
   }
   for (uint32_t k = 0; k < free_n && q->count;) {
     uint64_t wait_until;
     int n = shms_bq_next(q, now, picked, &wait_until);
     if (!n) return wait_until;
-    int h = place_picked(self, c, free[k], picked, n, now, 1, &where);
+    int h = place_picked(self, c, free_mb[k], picked, n, now, 1, &where);
     if (h < 0) return 0;
     if (h) {
       k++;
@@ -681,9 +688,11 @@ static int dispatch_model(BatcherCore *self, core_model *c, uint64_t now, uint64
       shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[busy[k]]);
       shms_store(&mb->batcher_waiting, 1u, memory_order_seq_cst);
     }
-    for (uint32_t k = 0; k < busy_n; k++) {
+    for (uint32_t k = 0; k < busy_n; k++) { /* one starting rings when it is up */
       shms_mailbox *mb = (shms_mailbox *)(self->server->base + c->mailbox[busy[k]]);
-      if (shms_load(&mb->state, memory_order_seq_cst) == SHMS_MAILBOX_IDLE) deadline = now;
+      if (shms_load(&mb->state, memory_order_seq_cst) == SHMS_MAILBOX_IDLE &&
+          __atomic_load_n(&mb->pid, __ATOMIC_RELAXED))
+        deadline = now;
     }
   }
   *deadline_out = deadline;
@@ -791,6 +800,7 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     shms_py_leave(self->ctl);
     if (woke > 0 && woke < 3) shms_fetch_add(&h->batcher_wakeups[woke], 1, memory_order_relaxed);
+    if (PyErr_CheckSignals() < 0) goto fail; /* as Python's loop: a handler may raise */
     if (!woke && idle) {
       why = SERVE_IDLE;
       break;

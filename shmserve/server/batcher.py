@@ -61,7 +61,7 @@ class Model:
     offset: int  # its entry in the server segment (ServerLayout.model)
     handle: int  # the handle requests name it by (withdrawn while it drains)
     mailboxes: list[int]  # its instances' mailbox offsets, as workers
-    pending: int = 0  # queue length last written to the model's statistics
+    pending: int = 0  # queue length last written to the model's statistics (-1: unknown)
     pinned: bool = False  # sequence batching: each batch is for one named instance
     draining: bool = False  # unloading: no new request; finish those queued, then go
     ticket: int = 0  # preserve_ordering: the last batch ticket handed out
@@ -281,7 +281,9 @@ class Batcher:
             # batcher_waiting: either it rings us, or we see it idle here.
             for mb in busy:
                 srv.store32(mb + L["mailbox.batcher_waiting"], 1)
-            if any(srv.load32(mb + STATE) == MailboxState.IDLE for mb in busy):
+            # an instance still starting (pid 0) rings us once it is up (worker.py)
+            if any(srv.load32(mb + STATE) == MailboxState.IDLE and srv.load32(mb + PID)
+                   for mb in busy):
                 deadline = now
         return deadline
 
@@ -447,6 +449,9 @@ class Batcher:
             self.epoch, self.maps.spin, self.idle_check_ns, self.states)
         intake.consumed += consumed
         self.handed += handed
+        for m in self.models:  # C wrote their pending counts: the next dispatch writes ours
+            if m.in_core:
+                m.pending = -1
         if why == SERVE_DRAINED:
             intake.carried = (items, stop)
         elif why == SERVE_LOST_RING:

@@ -14,7 +14,7 @@ answers (tests/test_batch_queue.py).
 from __future__ import annotations
 
 from ..._core import BatchQueue
-from ...protocol import Status
+from ...protocol import MAX_BATCH_REQUESTS, Status
 from ..repository import BALANCED, ModelSpec
 from .base import Pending, Rejection
 from .dynamic import DynamicBatchScheduler
@@ -31,7 +31,8 @@ class CoreDynamicBatchScheduler(DynamicBatchScheduler):
         return (spec.dynamic_batching and spec.priority_levels <= 1
                 and not spec.priority_queue_policies and not spec.queue_timeout_us
                 and not spec.allow_timeout_override and not spec.preserve_ordering
-                and (spec.instance_count == 1 or spec.instance_balancing != BALANCED))
+                and (spec.instance_count == 1 or spec.instance_balancing != BALANCED)
+                and len(spec.preferred_batch_sizes) <= MAX_BATCH_REQUESTS)
 
     # The per-client limit lives in the C queue (the batcher sets it after __init__).
     @property
