@@ -1,7 +1,7 @@
-"""The plain dynamic batching queue in C (csrc/batch_queue.c, scheduling/dynamic_core.py)
-against the Python policy it stands for (dynamic.py over fifo.py and fair.py): the same
-operations, in random order, give the same batches, deadlines and queues. Pure
-Python, no server."""
+"""The common policies' queue in C (csrc/batch_queue.c, scheduling/core_queue.py)
+against the Python policies it stands for (dynamic.py and default.py over fifo.py and
+fair.py): the same operations, in random order, give the same batches, deadlines and
+queues. Pure Python, no server."""
 from __future__ import annotations
 
 import random
@@ -10,22 +10,26 @@ import pytest
 
 from shmserve.protocol import MAX_BATCH_REQUESTS, Status
 from shmserve.server.repository import ModelSpec, TensorSpec
-from shmserve.server.scheduling import CoreDynamicBatchScheduler, DynamicBatchScheduler, Pending
+from shmserve.server.scheduling import (CoreDefaultScheduler, CoreDynamicBatchScheduler,
+                                        DefaultScheduler, DynamicBatchScheduler, Pending)
 
 US = 1000
 
 
-def spec(max_batch=8, delay_us=100, preferred=(), max_queue_size=0) -> ModelSpec:
+def spec(max_batch=8, delay_us=100, preferred=(), max_queue_size=0, dynamic=True) -> ModelSpec:
     t = TensorSpec("INPUT0", 11, (-1,))
     return ModelSpec(name="m", version=1, backend="python", path="/x", max_batch_size=max_batch,
                      inputs=(t,), outputs=(TensorSpec("OUTPUT0", 11, (-1,)),), instance_count=1,
-                     dynamic_batching=True, preferred_batch_sizes=tuple(preferred),
+                     dynamic_batching=dynamic, preferred_batch_sizes=tuple(preferred),
                      max_queue_delay_us=delay_us, parameters={}, config_text="",
                      max_queue_size=max_queue_size)
 
 
 def both(s: ModelSpec, max_per_client=0):
-    core, python = CoreDynamicBatchScheduler(s), DynamicBatchScheduler(s)
+    if s.dynamic_batching:
+        core, python = CoreDynamicBatchScheduler(s), DynamicBatchScheduler(s)
+    else:
+        core, python = CoreDefaultScheduler(s), DefaultScheduler(s)
     core.max_per_client = python.max_per_client = max_per_client
     return core, python
 
@@ -47,9 +51,11 @@ def answer(result):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_operations_give_the_same_answers(seed):
+    """Seeds 0-29 dynamic batching, 30-39 the default policy (one request a batch)."""
     rnd = random.Random(seed)
     s = spec(max_batch=rnd.choice([1, 4, 8, 64]), delay_us=rnd.choice([0, 100, 1000]),
-             preferred=rnd.choice([(), (2,), (2, 4)]), max_queue_size=rnd.choice([0, 0, 12]))
+             preferred=rnd.choice([(), (2,), (2, 4)]), max_queue_size=rnd.choice([0, 0, 12]),
+             dynamic=seed < 30)
     core, python = both(s, max_per_client=rnd.choice([0, 0, 5]))
     keys = [b"a", b"b", b"x" * 40]  # the last is longer than the inline key
     now, shadow, nexts = 0, 0, []  # nexts: batches handed as next batches, to join
@@ -117,3 +123,15 @@ def test_clients_take_turns():
         core.enqueue(Pending(i, 1, b"a", i, None, 0, client=1 if i < 4 else 2))
     assert shadows(core.next_batch(10)[0]) == [0, 4, 1, 5]
     assert shadows(core.queue) == [2, 3]
+
+
+def test_the_default_policy_sends_one_request_a_batch_whatever_its_rows():
+    core = CoreDefaultScheduler(spec(dynamic=False, max_batch=4))
+    for i, rows in enumerate((4, 1, 3)):
+        core.enqueue(Pending(i, rows, b"a", 0, None, 0))
+    assert [shadows(core.next_batch(0)[0]) for _ in range(3)] == [[0], [1], [2]]
+    assert core.next_batch(0) == (None, None)
+    core.enqueue(Pending(3, 1, b"a", 0, None, 0))
+    batch, _ = core.next_batch(0)
+    core.enqueue(Pending(4, 1, b"a", 0, None, 0))
+    assert core.join(batch, 0) == []  # a batch is one request: nothing joins it

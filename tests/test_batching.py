@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from shmserve.protocol import Status
-from shmserve.server.scheduling import (POLICIES, CoreDynamicBatchScheduler, DefaultScheduler,
-                                        DynamicBatchScheduler, Pending, Rejection, Scheduler,
-                                        make_scheduler)
+from shmserve.server.scheduling import (POLICIES, CoreDefaultScheduler, CoreDynamicBatchScheduler,
+                                        DefaultScheduler, DynamicBatchScheduler, Pending,
+                                        Rejection, Scheduler, make_scheduler)
 from shmserve.server.repository import ModelSpec, TensorSpec
 
 US = 1000  # ns
@@ -90,7 +90,7 @@ def test_the_factory_chooses_the_policy_from_the_spec():
     # the plain queue policy in C; a queue timeout (or priorities) in Python
     assert type(make_scheduler(spec(dynamic=True))) is CoreDynamicBatchScheduler
     assert type(make_scheduler(spec(queue_timeout_us=5))) is DynamicBatchScheduler
-    assert type(make_scheduler(spec(dynamic=False))) is DefaultScheduler
+    assert type(make_scheduler(spec(dynamic=False))) is CoreDefaultScheduler
     assert POLICIES[-1] is DefaultScheduler  # the fallback comes last
 
 

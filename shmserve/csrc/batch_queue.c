@@ -1,7 +1,8 @@
 /*
  * batch_queue.c — shmserve._core.BatchQueue: the queue of a model with dynamic
- * batching and the plain queue policy (one priority level, no queue timeout), which
- * is most models. scheduling/dynamic_core.py is its policy object; the batcher's C
+ * batching or the default policy (one request a batch: max_requests 1), and the plain
+ * queue policy (one priority level, no queue timeout), which is most models.
+ * scheduling/core_queue.py holds its policy objects; the batcher's C
  * core (batcher.c) fills it from the ring and forms and hands over its batches with
  * no Python per request. The rules are those of scheduling/fair.py (clients take
  * turns, one request a turn, each client's requests in arrival order) and
@@ -162,7 +163,7 @@ int shms_bq_next(BatchQueue *q, uint64_t now, int32_t out[SHMS_MAX_BATCH_REQUEST
   for (uint32_t k = 0; k < n; k++) {
     const shms_bq_item *x = &q->items[q->order[k]];
     if (!key_eq(&x->key, &head->key)) continue; /* other shapes never share a batch */
-    if (rows + x->rows > q->max_rows || picked == SHMS_MAX_BATCH_REQUESTS) {
+    if (rows + x->rows > q->max_rows || picked == (int)q->max_requests) {
       more = 1;
       break;
     }
@@ -173,7 +174,8 @@ int shms_bq_next(BatchQueue *q, uint64_t now, int32_t out[SHMS_MAX_BATCH_REQUEST
   int full = more || rows >= q->max_rows;
   /* the delay counts from the model's oldest request, whichever client sent it */
   uint64_t oldest = q->delay_ns ? oldest_arrival(q) : head->arrived_ns;
-  int expired = (int64_t)(now - oldest) >= (int64_t)q->delay_ns;
+  /* no delay: at once (the default policy, whatever the clock says) */
+  int expired = !q->delay_ns || (int64_t)(now - oldest) >= (int64_t)q->delay_ns;
   if (preferred_prefix &&
       (full || expired || rows >= q->preferred[q->n_preferred - 1]))
     return preferred_prefix;
@@ -192,7 +194,7 @@ int shms_bq_join(BatchQueue *q, const shms_bq_key *key, uint32_t rows, uint32_t 
   for (uint32_t k = 0; k < total; k++) {
     const shms_bq_item *x = &q->items[q->order[k]];
     if (!key_eq(&x->key, key)) continue;
-    if (rows + x->rows > q->max_rows || n + picked >= SHMS_MAX_BATCH_REQUESTS) break;
+    if (rows + x->rows > q->max_rows || n + picked >= q->max_requests) break;
     out[picked++] = q->order[k];
     rows += x->rows;
   }
@@ -279,14 +281,19 @@ int shms_py_attr_u64(PyObject *o, PyObject *name, uint64_t *out) {
   return 0;
 }
 
-/* BatchQueue(pending_type, max_rows, delay_us, preferred, max_queue_size) */
+/* BatchQueue(pending_type, max_rows, delay_us, preferred, max_queue_size,
+ *            max_requests=MAX_BATCH_REQUESTS) */
 static int bq_init(BatchQueue *self, PyObject *args, PyObject *kw) {
   PyObject *pending_type, *preferred;
-  unsigned int max_rows, max_queue_size;
+  unsigned int max_rows, max_queue_size, max_requests = SHMS_MAX_BATCH_REQUESTS;
   unsigned long long delay_us;
-  if (!PyArg_ParseTuple(args, "OIKOI", &pending_type, &max_rows, &delay_us, &preferred,
-                        &max_queue_size))
+  if (!PyArg_ParseTuple(args, "OIKOI|I", &pending_type, &max_rows, &delay_us, &preferred,
+                        &max_queue_size, &max_requests))
     return -1;
+  if (!max_requests || max_requests > SHMS_MAX_BATCH_REQUESTS) {
+    PyErr_Format(PyExc_ValueError, "max_requests must lie in 1..%d", SHMS_MAX_BATCH_REQUESTS);
+    return -1;
+  }
   if (self->pending_type) {
     PyErr_SetString(PyExc_RuntimeError, "a BatchQueue is initialized once");
     return -1;
@@ -314,6 +321,7 @@ static int bq_init(BatchQueue *self, PyObject *args, PyObject *kw) {
   self->max_rows = max_rows ? max_rows : 1;
   self->delay_ns = delay_us * 1000;
   self->max_queue_size = max_queue_size;
+  self->max_requests = max_requests;
   return 0;
 }
 
@@ -322,6 +330,7 @@ static PyObject *bq_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
   if (self) {
     self->free_head = -1; /* no item yet, free or not */
     self->max_rows = 1;
+    self->max_requests = SHMS_MAX_BATCH_REQUESTS;
   }
   return (PyObject *)self;
 }

@@ -182,7 +182,7 @@ static PyObject *batcher_set_direct(BatcherCore *self, PyObject *args) {
 }
 
 /* set_queue(model_id, queue or None, mailboxes, model_off, overlap): the model's queue
- * is C's (scheduling/dynamic_core.py): drain() queues its requests there and
+ * is C's (scheduling/core_queue.py): drain() queues its requests there and
  * dispatch() hands its batches over. None: Python's again. */
 static PyObject *batcher_set_queue(BatcherCore *self, PyObject *args) {
   unsigned int model_id;

@@ -134,12 +134,13 @@ typedef struct {
   uint32_t count;
 } shms_bq_client;
 
-/* shmserve._core.BatchQueue: a model's queue under dynamic batching with the plain
- * queue policy (scheduling/dynamic_core.py): clients in turns, Triton's batch rule. */
+/* shmserve._core.BatchQueue: a model's queue under the common policies, dynamic
+ * batching or the default policy, with the plain queue policy (scheduling/core_queue.py):
+ * clients in turns, Triton's batch rule. */
 typedef struct {
   PyObject_HEAD
   PyObject *pending_type; /* scheduling.Pending */
-  uint32_t max_rows, max_queue_size, max_per_client, n_preferred;
+  uint32_t max_rows, max_requests, max_queue_size, max_per_client, n_preferred;
   uint32_t preferred[SHMS_MAX_BATCH_REQUESTS]; /* sorted */
   uint64_t delay_ns;
   shms_bq_item *items;

@@ -19,8 +19,7 @@ from .intake import Intake
 from .maps import ServerMaps, child_setup
 from .models import DRAINED
 from .repository import ModelSpec
-from .scheduling import (CoreDynamicBatchScheduler, Pending, Rejection, Scheduler,
-                         make_scheduler)
+from .scheduling import CoreQueue, Pending, Rejection, Scheduler, make_scheduler
 
 L = LAYOUT
 log = logging.getLogger("shmserve.batcher")
@@ -72,7 +71,7 @@ class Model:
     # instance position, the requests we last saw in its next batch (None: none).
     overlap: bool = False
     next: list = dataclasses.field(default_factory=list)
-    # Its queue is C's (scheduling/dynamic_core.py): the C core queues its requests and
+    # Its queue is C's (scheduling/core_queue.py): the C core queues its requests and
     # hands its batches over (BatcherCore.set_queue, dispatch); m.next is unused.
     in_core: bool = False
 
@@ -155,7 +154,7 @@ class Batcher:
         # a restarted batcher words the refusals of a draining model's withdrawn handle
         self.intake.stale.update({int(h): msg for h, msg in d.get("stale", {}).items()})
         m.next = [None] * len(m.workers)
-        m.in_core = isinstance(scheduler, CoreDynamicBatchScheduler)
+        m.in_core = isinstance(scheduler, CoreQueue)
         if m.in_core:
             self.core.set_queue(m.model_id, scheduler.core_queue, m.mailboxes, m.offset, m.overlap)
         self.models.append(m)

@@ -45,9 +45,9 @@ Rules for a policy:
 - Fair share (issue 14): a policy with queues (fifo.py) lets clients take turns within a
   priority level (fair.py), each client's requests in arrival order.
 
-The common case in C: a model with dynamic batching, one priority level and no queue
-timeout (dynamic_core.py) keeps its queue in C (csrc/batch_queue.c), with dynamic.py's
-and fair.py's rules. The batcher's C core fills it from the ring and hands its batches
+The common cases in C: a model with one priority level and no queue timeout, with
+dynamic batching or the default policy (core_queue.py), keeps its queue in C
+(csrc/batch_queue.c), with dynamic.py's, default.py's and fair.py's rules. The batcher's C core fills it from the ring and hands its batches
 over itself (BatcherCore.set_queue, dispatch); the Scheduler methods above see the
 same queue, for what intake queues itself and for the tests.
 
@@ -67,15 +67,16 @@ from ..repository import ModelSpec
 from .base import Pending, Rejection, Scheduler
 from .default import DefaultScheduler
 from .dynamic import DynamicBatchScheduler
-from .dynamic_core import CoreDynamicBatchScheduler
+from .core_queue import CoreDefaultScheduler, CoreDynamicBatchScheduler, CoreQueue
 from .sequence import SequencePending, SequenceScheduler
 
 __all__ = ["Pending", "Rejection", "Scheduler", "POLICIES", "make_scheduler",
-           "CoreDynamicBatchScheduler", "DefaultScheduler", "DynamicBatchScheduler", "SequencePending", "SequenceScheduler"]
+           "CoreDefaultScheduler", "CoreDynamicBatchScheduler", "CoreQueue", "DefaultScheduler", "DynamicBatchScheduler", "SequencePending", "SequenceScheduler"]
 
 # Tried in order; the first whose applies_to(spec) is true schedules the model.
 POLICIES: tuple[type[Scheduler], ...] = (SequenceScheduler, CoreDynamicBatchScheduler,
-                                         DynamicBatchScheduler, DefaultScheduler)
+                                         DynamicBatchScheduler, CoreDefaultScheduler,
+                                         DefaultScheduler)
 
 
 def make_scheduler(spec: ModelSpec, policies: Sequence[type[Scheduler]] = POLICIES) -> Scheduler:
