@@ -201,7 +201,7 @@ int shms_bq_join(BatchQueue *q, const shms_bq_key *key, uint32_t rows, uint32_t 
   return picked;
 }
 
-static void release_item(shms_bq_item *x) {
+void shms_bq_item_clear(shms_bq_item *x) {
   Py_CLEAR(x->seg);
   Py_CLEAR(x->pending);
   shms_bq_key_clear(&x->key);
@@ -224,7 +224,7 @@ static void unlink_item(BatchQueue *q, int32_t i, int served) {
     if (moved.count) q->clients[q->n_clients - 1] = moved;
     else q->n_clients--;
   }
-  release_item(x);
+  shms_bq_item_clear(x);
   x->next = q->free_head;
   q->free_head = i;
 }
@@ -235,8 +235,7 @@ void shms_bq_take(BatchQueue *q, const int32_t *picked, int n) {
 
 /* ------------------------------------------------------------- the Python type */
 
-/* The item's Pending (made once, from its fields). New reference, or NULL. */
-static PyObject *pending_of(BatchQueue *q, shms_bq_item *x) {
+PyObject *shms_bq_pending(PyObject *pending_type, shms_bq_item *x) {
   if (!x->pending) {
     PyObject *key = x->key.bytes ? Py_NewRef(x->key.bytes)
                                  : PyBytes_FromStringAndSize((const char *)x->key.inline_bytes,
@@ -244,7 +243,7 @@ static PyObject *pending_of(BatchQueue *q, shms_bq_item *x) {
     if (!key) return NULL;
     /* Pending(shadow, rows, key, arrived_ns, arena, slot_off, generation, priority,
      *         timeout_us, queue_index, client) */
-    x->pending = PyObject_CallFunction(q->pending_type, "IINKOKIIKiL", x->shadow, x->rows, key,
+    x->pending = PyObject_CallFunction(pending_type, "IINKOKIIKiL", x->shadow, x->rows, key,
                                        (unsigned long long)x->arrived_ns,
                                        x->seg ? x->seg : Py_None,
                                        (unsigned long long)x->slot_off, x->generation,
@@ -260,7 +259,7 @@ static PyObject *pendings(BatchQueue *q, const int32_t *picked, int n, int take)
   PyObject *list = PyList_New(n);
   if (!list) return NULL;
   for (int k = 0; k < n; k++) {
-    PyObject *p = pending_of(q, &q->items[picked[k]]);
+    PyObject *p = shms_bq_pending(q->pending_type, &q->items[picked[k]]);
     if (!p) {
       Py_DECREF(list);
       return NULL;
@@ -338,7 +337,7 @@ static PyObject *bq_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
 static void bq_dealloc(BatchQueue *self) {
   for (uint32_t c = 0; c < self->n_clients; c++)
     for (int32_t i = self->clients[c].head; i >= 0; i = self->items[i].next)
-      release_item(&self->items[i]);
+      shms_bq_item_clear(&self->items[i]);
   PyMem_Free(self->items);
   PyMem_Free(self->order);
   PyMem_Free(self->clients);
@@ -398,7 +397,7 @@ static PyObject *bq_push(BatchQueue *self, PyObject *p) {
   if (it.seg == Py_None) Py_CLEAR(it.seg);
   it.pending = Py_NewRef(p);
   if (shms_bq_push(self, &it) < 0) {
-    release_item(&it);
+    shms_bq_item_clear(&it);
     return NULL;
   }
   Py_RETURN_NONE;

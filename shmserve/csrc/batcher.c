@@ -224,6 +224,21 @@ static shms_mailbox *idle_mailbox(BatcherCore *self, const direct_model *d) {
   return NULL;
 }
 
+/* The slot of a queued request from its arena Segment: 1 and *slot; 0 when its lease
+ * ended while queued (Segment.ops None: nobody to answer); -1 with an exception. */
+static int queued_slot(PyObject *seg, uint64_t slot_off, shms_slot **slot) {
+  PyObject *ops = PyObject_GetAttr(seg, s_ops);
+  if (!ops) return -1;
+  Py_DECREF(ops); /* the Segment holds it */
+  if (ops == Py_None) return 0;
+  if (Py_TYPE(ops) != &MappingType) {
+    PyErr_SetString(PyExc_TypeError, "Segment.ops is not a Mapping");
+    return -1;
+  }
+  *slot = (shms_slot *)shms_py_at((Mapping *)ops, slot_off, sizeof(shms_slot), 8);
+  return *slot ? 1 : -1;
+}
+
 /* Stamps one request BATCHED, records its queue time: hand_over's per request. */
 static void batched(shms_slot *s, shms_model_entry *m, uint64_t arrived, uint64_t now) {
   s->t_ns[SHMS_T_BATCHED] = now;
@@ -344,10 +359,11 @@ static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObje
                                !(queue && queue->count)
                            ? idle_mailbox(self, d) : NULL;
     if (mb) {
-      Mapping *arena = (Mapping *)PyObject_GetAttr(t->seg, s_ops);
-      if (!arena) goto fail;
-      Py_DECREF(arena); /* the Segment holds it */
-      batched((shms_slot *)(arena->base + t->slot_off), &models[rq->model_id], sh->taken_ns, now);
+      shms_slot *slot;
+      int found = queued_slot(t->seg, t->slot_off, &slot);
+      if (found < 0) goto fail;
+      if (!found) continue; /* its lease ended this moment: nobody to answer */
+      batched(slot, &models[rq->model_id], sh->taken_ns, now);
       /* SYNC POINT (in shms_mailbox_assign): the store of ASSIGNED pairs with the
        * worker's doorbell_wait on its mailbox state. */
       shms_mailbox_assign(mb, &t->shadow, 1);
@@ -355,31 +371,25 @@ static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObje
     }
     int64_t key[SHMS_SHAPE_KEY_MAX];
     size_t nk = shms_shape_key(rq, &models[rq->model_id], key);
+    shms_bq_item it = {.shadow = t->shadow, .rows = sh->batch_rows,
+                       .generation = t->generation, .priority = rq->priority,
+                       .client = t->client_id, .arrived_ns = sh->taken_ns,
+                       .slot_off = t->slot_off, .timeout_us = rq->timeout_us};
+    if (shms_bq_key_set(&it.key, key, nk * sizeof(int64_t)) < 0) goto fail;
+    it.seg = Py_NewRef(t->seg);
     /* C's queue, no Pending; but once a request of the model went to Python in this
      * drain, its later ones follow it there, so that each client's keep their order. */
     if (plain && queue && !self->to_python[t->model_id] && shms_bq_room(queue, t->client_id)) {
-      shms_bq_item it = {.shadow = t->shadow, .rows = sh->batch_rows,
-                         .generation = t->generation, .priority = rq->priority,
-                         .client = t->client_id, .arrived_ns = sh->taken_ns,
-                         .slot_off = t->slot_off, .timeout_us = rq->timeout_us};
-      if (shms_bq_key_set(&it.key, key, nk * sizeof(int64_t)) < 0) goto fail;
-      it.seg = Py_NewRef(t->seg);
       if (shms_bq_push(queue, &it) < 0) {
-        Py_DECREF(it.seg);
-        shms_bq_key_clear(&it.key);
+        shms_bq_item_clear(&it);
         goto fail;
       }
       continue;
     }
     /* Python's: its options to check, or a refusal (full queue) to word */
     self->to_python[t->model_id] = 1;
-    /* Pending(shadow, rows, key, arrived_ns, arena, slot_off, generation, priority,
-     *         timeout_us, queue_index, client) */
-    PyObject *pending = PyObject_CallFunction(
-        self->pending_type, "IIy#KOKIIKiI", t->shadow, sh->batch_rows, (const char *)key,
-        (Py_ssize_t)(nk * sizeof(int64_t)), (unsigned long long)sh->taken_ns, t->seg,
-        (unsigned long long)t->slot_off, t->generation, rq->priority,
-        (unsigned long long)rq->timeout_us, -1, t->client_id);
+    PyObject *pending = shms_bq_pending(self->pending_type, &it);
+    shms_bq_item_clear(&it);
     if (!pending) goto fail;
     PyObject *item;
     if (plain) {
@@ -439,23 +449,18 @@ static Py_ssize_t stamp_batch(BatcherCore *self, shms_model_entry *m, PyObject *
   uint64_t now = shms_now_ns();
   for (Py_ssize_t i = 0; i < size; i++) {
     PyObject *p = PyList_GET_ITEM(batch, i);
-    PyObject *arena = PyObject_GetAttr(p, s_arena);
-    PyObject *ops = arena ? PyObject_GetAttr(arena, s_ops) : NULL;
-    Py_XDECREF(arena);
-    if (!ops) return -1;
-    Py_DECREF(ops); /* the Segment holds it */
-    if (ops == Py_None) continue; /* its lease ended while queued: nobody to answer */
-    if (Py_TYPE(ops) != &MappingType) {
-      PyErr_SetString(PyExc_TypeError, "Pending.arena.ops is not a Mapping");
-      return -1;
-    }
     uint64_t shadow, slot_off, arrived;
     if (shms_py_attr_u64(p, s_shadow, &shadow) < 0 ||
         shms_py_attr_u64(p, s_slot_off, &slot_off) < 0 ||
         shms_py_attr_u64(p, s_arrived_ns, &arrived) < 0)
       return -1;
-    shms_slot *s = (shms_slot *)shms_py_at((Mapping *)ops, slot_off, sizeof(shms_slot), 8);
-    if (!s) return -1;
+    PyObject *arena = PyObject_GetAttr(p, s_arena);
+    if (!arena) return -1;
+    shms_slot *s;
+    int found = queued_slot(arena, slot_off, &s);
+    Py_DECREF(arena);
+    if (found < 0) return -1;
+    if (!found) continue; /* its lease ended while queued: nobody to answer */
     batched(s, m, arrived, now);
     shadows[n++] = (uint32_t)shadow;
   }
@@ -526,16 +531,10 @@ static int stamp_items(BatcherCore *self, core_model *c, const int32_t *picked, 
   for (int i = 0; i < n; i++) {
     const shms_bq_item *x = &c->queue->items[picked[i]];
     if (!x->seg) continue; /* no arena: nobody to answer */
-    PyObject *ops = PyObject_GetAttr(x->seg, s_ops);
-    if (!ops) return -1;
-    Py_DECREF(ops); /* the Segment holds it */
-    if (ops == Py_None) continue; /* its lease ended while queued */
-    if (Py_TYPE(ops) != &MappingType) {
-      PyErr_SetString(PyExc_TypeError, "Segment.ops is not a Mapping");
-      return -1;
-    }
-    shms_slot *s = (shms_slot *)shms_py_at((Mapping *)ops, x->slot_off, sizeof(shms_slot), 8);
-    if (!s) return -1;
+    shms_slot *s;
+    int found = queued_slot(x->seg, x->slot_off, &s);
+    if (found < 0) return -1;
+    if (!found) continue; /* its lease ended while queued */
     batched(s, m, x->arrived_ns, now);
     shadows[k++] = x->shadow;
     *rows += x->rows;
@@ -600,9 +599,10 @@ static int place_picked(BatcherCore *self, core_model *c, uint32_t i, const int3
 
 /* Two batches deep, for a core-queued model (batcher.py's fill_next): a busy
  * instance's next batch waits in its mailbox; requests join the one there, or form
- * one for an instance without. Returns the policy's deadline when it holds requests
- * back (else SHMS_BQ_NO_DEADLINE), or 0 with an exception. */
-static uint64_t fill_next(BatcherCore *self, core_model *c, uint64_t now, int *handed) {
+ * one for an instance without. *wait_until: the policy's deadline when it holds
+ * requests back, else SHMS_BQ_NO_DEADLINE. Returns 0, or -1 with an exception. */
+static int fill_next(BatcherCore *self, core_model *c, uint64_t now, int *handed,
+                     uint64_t *wait_until) {
   BatchQueue *q = c->queue;
   int32_t picked[SHMS_MAX_BATCH_REQUESTS];
   uint32_t free_n = 0, free_mb[c->n ? c->n : 1];
@@ -613,25 +613,25 @@ static uint64_t fill_next(BatcherCore *self, core_model *c, uint64_t now, int *h
     next_batch *nb = &c->next[i];
     if (state == SHMS_MAILBOX_ASSIGNED_NEXT && nb->valid) {
       int n = q->count ? shms_bq_join(q, &nb->key, nb->rows, nb->n, picked) : 0;
-      if (n && place_picked(self, c, i, picked, n, now, 2, &where) < 0) return 0;
+      if (n && place_picked(self, c, i, picked, n, now, 2, &where) < 0) return -1;
       continue;
     }
     note_next(nb, 0, NULL, 0, 0); /* taken by its worker, or never there */
     uint32_t pid = __atomic_load_n(&mb->pid, __ATOMIC_RELAXED);
     if (state == SHMS_MAILBOX_ASSIGNED && pid && pid != SHMS_MAILBOX_RETIRED) free_mb[free_n++] = i;
   }
+  *wait_until = SHMS_BQ_NO_DEADLINE;
   for (uint32_t k = 0; k < free_n && q->count;) {
-    uint64_t wait_until;
-    int n = shms_bq_next(q, now, picked, &wait_until);
-    if (!n) return wait_until;
+    int n = shms_bq_next(q, now, picked, wait_until);
+    if (!n) return 0;
     int h = place_picked(self, c, free_mb[k], picked, n, now, 1, &where);
-    if (h < 0) return 0;
+    if (h < 0) return -1;
     if (h) {
       k++;
       (*handed)++;
     }
   }
-  return SHMS_BQ_NO_DEADLINE;
+  return 0;
 }
 
 /* dispatch(model_id, now_ns) -> (deadline or None, batches handed over): batcher.py's
@@ -677,8 +677,8 @@ static int dispatch_model(BatcherCore *self, core_model *c, uint64_t now, uint64
     }
   }
   if (c->overlap && q->count && !waiting_for_more) {
-    uint64_t wait_until = fill_next(self, c, now, &handed);
-    if (!wait_until) return -1;
+    uint64_t wait_until;
+    if (fill_next(self, c, now, &handed, &wait_until) < 0) return -1;
     if (wait_until < deadline) deadline = wait_until;
   }
   if (q->count && busy_n && !waiting_for_more) {

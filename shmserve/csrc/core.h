@@ -174,6 +174,10 @@ int shms_bq_key_copy(shms_bq_key *dst, const shms_bq_key *src); /* dst empty */
 void shms_bq_key_clear(shms_bq_key *k);
 /* A key from raw bytes; -1: no memory (set). */
 int shms_bq_key_set(shms_bq_key *k, const void *bytes, size_t len);
+void shms_bq_item_clear(shms_bq_item *x); /* its references */
+/* The item's scheduling.Pending, made once from its fields (kept in x->pending). New
+ * reference, or NULL with an exception. */
+PyObject *shms_bq_pending(PyObject *pending_type, shms_bq_item *x);
 int shms_py_batcher_ready(void); /* interned names; -1 with an exception */
 int shms_py_client_ready(void); /* interned names; -1 with an exception */
 
