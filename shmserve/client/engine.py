@@ -15,7 +15,6 @@ poller. Both share the C core's slot table, arena allocator and spin policy
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
 import os
@@ -33,6 +32,7 @@ from .._core import ClientCore
 from ..protocol import LAYOUT as L
 from ..segments import DEFAULT_NAME, Segment, pid_alive, socket_path
 from .arena import ArenaAllocator, ArenaFull
+from .future import ResultFuture
 from .request import (_DTYPE_CODE, DEVICE, Plan, Request, destinations, sources, version_key,
                       wanted)
 from .result import InferResult
@@ -285,10 +285,10 @@ class Engine:
         return result
 
     def submit(self, model, inputs, outputs, version, copy: bool,
-               options: tuple | None = None) -> concurrent.futures.Future:
+               options: tuple | None = None) -> ResultFuture:
         """Sends one request; its Future resolves to an InferResult (Client.submit)."""
         req = Request()
-        req.copy, req.retried, req.future = copy, False, concurrent.futures.Future()
+        req.copy, req.retried, req.future = copy, False, ResultFuture(self._cancelled)
         req.options = options
         req.call = (model, inputs, outputs, version)
         sent = (self._core.send(self, req, model, inputs, outputs, version) if options is None
@@ -371,7 +371,7 @@ class Engine:
 
     def start(self, model, inputs, outputs, version, copy: bool, with_future: bool,
               options: tuple | None = None,
-              future: concurrent.futures.Future | None = None, needed: dict | None = None
+              future: ResultFuture | None = None, needed: dict | None = None
               ) -> Request:
         if self._closed:
             raise errors.ServerDeadError("client is closed")
@@ -383,7 +383,7 @@ class Engine:
         req.wanted = wanted(plan, outputs)
         req.destinations = destinations(plan, outputs)
         req.copy, req.retried, req.block, req.options = copy, False, None, options
-        req.future = future or (concurrent.futures.Future() if with_future else None)
+        req.future = future or (ResultFuture(self._cancelled) if with_future else None)
         req.call = (model, inputs, outputs, version)
         self._prepare(req, needed)
         try:
@@ -592,8 +592,8 @@ class Engine:
         # The slot is FREE again; stamps end with CLIENT_WAKE, taken at the read.
         got = self._core.finish(req.slot, req.block, req.block_bytes, req.plan.fast, req.copy)
         if got.__class__ is InferResult:  # built by the C core, as the C path's
-            if req.future is not None:
-                req.future.set_result(got)
+            if req.future is not None and not req.future.resolve(got):
+                got.release()  # cancelled meanwhile: nobody takes it
             return got
         return self._answered(req, got)
 
@@ -624,8 +624,8 @@ class Engine:
         except BaseException:
             owner.release()
             raise
-        if req.future is not None:
-            req.future.set_result(result)
+        if req.future is not None and not req.future.resolve(result):
+            result.release()
         return result
 
     def _resolve_again(self, req: Request, message: str) -> Request | None:
@@ -726,6 +726,16 @@ class Engine:
                 self._poller_idle = False
                 self._poller_wake.set()
 
+    def _cancelled(self, future: ResultFuture) -> None:
+        """A submitted request's future was cancelled: its request is abandoned (the
+        server still runs it; slot and block come back with its answer) unless the
+        poller already took it, which then drops its answer (ResultFuture.resolve)."""
+        with self._lock:  # the lock _collect takes the requests out of flight under
+            for req in self._core.futures():
+                if req.future is future:
+                    self._abandon(req)
+                    return
+
     def _collect(self) -> int:
         """Finishes every submitted request that is DONE; returns how many."""
         with self._lock:
@@ -735,7 +745,7 @@ class Engine:
             try:
                 self._finish(req)  # resolves the future (or resends the request)
             except errors.ShmServeError as e:
-                req.future.set_exception(e)
+                req.future.fail(e)
             finally:
                 with self._lock:
                     self._finishing -= 1
@@ -792,8 +802,7 @@ class Engine:
 
     def _fail_all(self, exc: Exception) -> None:
         for req in self._core.futures():
-            if not req.future.done():
-                req.future.set_exception(exc)
+            req.future.fail(exc)
 
     @staticmethod
     def _now() -> int:
