@@ -79,7 +79,7 @@ class RawLease:
     def push(self, slot: int, gen: int, client_id: int | None = None) -> int:
         cid = self.client_id if client_id is None else client_id
         rc = self.ring.push(cid, slot, gen)
-        self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        self.ctl.ring_batcher()
         return rc
 
     def state(self, slot: int) -> int:

@@ -175,9 +175,11 @@ class Client:
         Many requests may be in flight from one caller (up to the slots of the lease).
         Request options as infer()'s. The requests of one sequence submitted without
         waiting run in the order submitted."""
-        return self.engine.submit(model, inputs, outputs, version, copy,
-                                  _options(priority, timeout_us, parameters, sequence_id,
-                                           sequence_start, sequence_end))
+        if priority or timeout_us or parameters or sequence_id or sequence_start or sequence_end:
+            return self.engine.submit(model, inputs, outputs, version, copy,
+                                      _options(priority, timeout_us, parameters, sequence_id,
+                                               sequence_start, sequence_end))
+        return self.engine.submit(model, inputs, outputs, version, copy)
 
     async def infer_async(self, model: str, inputs, outputs=None, version: int | None = None,
                           copy: bool = False, *, priority: int = 0, timeout_us: int = 0,

@@ -58,8 +58,13 @@ class ResultFuture(concurrent.futures.Future):
                 return False
             self._result = result
             self._state = FINISHED
-            self._notify_locked("add_result")
-        self._invoke_callbacks()
+            if self._waiters or self._cond is not None:
+                self._notify_locked("add_result")
+        for callback in self._done_callbacks:  # _invoke_callbacks, inlined
+            try:
+                callback(self)
+            except Exception:
+                LOGGER.exception("exception calling callback for %r", self)
         return True
 
     def fail(self, exception: BaseException) -> bool:

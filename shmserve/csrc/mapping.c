@@ -112,7 +112,7 @@ static PyObject *m_wake(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* doorbell_ring(word_off, sleeping_off, n=1) */
+/* doorbell_ring(word_off, sleeping_off, n=1): wakes up to n counted sleepers */
 static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
   unsigned long long off, soff;
   int n = 1;
@@ -120,6 +120,15 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
   SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, off), *s = ATOMIC32(self, soff);
   if (!w || !s) return NULL;
   shms_doorbell_ring(w, s, n);
+  Py_RETURN_NONE;
+}
+
+/* ring_batcher(): rings control.doorbell (shms_doorbell_ring_sole) */
+static PyObject *m_ring_batcher(Mapping *self, PyObject *unused) {
+  SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, offsetof(shms_control, doorbell)),
+                        *s = ATOMIC32(self, offsetof(shms_control, batcher_sleeping));
+  if (!w || !s) return NULL;
+  shms_doorbell_ring_sole(w, s);
   Py_RETURN_NONE;
 }
 
@@ -300,6 +309,8 @@ PyMethodDef shms_py_mapping_methods[] = {
     {"cas32", (PyCFunction)m_cas32, METH_VARARGS, "Compare-and-swap a u32; True if swapped."},
     {"wake", (PyCFunction)m_wake, METH_VARARGS, "futex wake on a u32."},
     {"doorbell_ring", (PyCFunction)m_doorbell_ring, METH_VARARGS, "Bump a doorbell, wake sleepers."},
+    {"ring_batcher", (PyCFunction)m_ring_batcher, METH_NOARGS,
+     "On the control segment's mapping: ring the batcher's doorbell."},
     {"doorbell_wait", (PyCFunction)m_doorbell_wait, METH_VARARGS,
      "Spin then sleep until a doorbell moves (GIL released)."},
     {"ring_attach", (PyCFunction)m_ring_attach, METH_NOARGS, "Check the control block once."},

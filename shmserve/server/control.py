@@ -80,7 +80,7 @@ class ControlPlane:
         self.dead_since[client_id] = time.monotonic()
         lease["arena"].close()  # its memory goes when the last server mapping does
         # The head of the ring may hold a claim of this client: let the batcher look.
-        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        self.control.ops.ring_batcher()
         log.info("client disconnected: id %d, pid %d, uid %d: %s", client_id, lease["pid"],
                  lease["uid"], reason)
 

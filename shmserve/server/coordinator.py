@@ -295,7 +295,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         those pushed before are answered as usual."""
         # SYNC POINT: pairs with the batcher's load of drain_since_ns in Intake.take.
         self.server.ops.store64(L["server.drain_since_ns"], P.now_ns())
-        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        self.control.ops.ring_batcher()
         deadline = time.monotonic() + self.opts.exit_timeout_s
         left = self.in_flight()
         if left:

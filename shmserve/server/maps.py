@@ -179,7 +179,7 @@ class ServerMaps:
         srv.wake(turn_off)
 
     def ring_batcher(self) -> None:
-        self.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        self.ctl.ring_batcher()
 
     def record_answers(self, model_id: int, answers: list, reason: int = -1) -> None:
         """Statistics of requests answered now: [(status, taken_ns)], a failure under

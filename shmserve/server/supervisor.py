@@ -236,4 +236,4 @@ class Supervisor:
             self.server.ops.store32(self.layout.model(e.index) + L["model.ready"], 0)
             log.error("model unavailable: '%s' version %d: every instance was retired",
                       spec.name, spec.version)
-        self.control.ops.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+        self.control.ops.ring_batcher()
