@@ -606,6 +606,8 @@ class Engine:
                 not getattr(req, "destinations", None):  # a device buffer cannot grow
             self._alloc.free(req.block, req.block_bytes)
             req.retried = True
+            if getattr(req, "sources", None) is None:  # sent by the C path: from the call
+                req.sources = sources(req.plan, req.call[1], self._locate)
             self._prepare(req, {r[0]: r[3] for r in results})
             try:
                 self._send(req)

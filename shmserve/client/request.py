@@ -40,8 +40,9 @@ class Plan:
 
 class Request:
     """One request of the Python path (or one submit() sent by the C path), from
-    submit to answer. `sources` keeps the caller's inputs so a request can be rebuilt
-    (output buffer too small), and alive while the server reads them."""
+    submit to answer. `sources` and `call` keep the caller's inputs so a request can
+    be rebuilt (output buffer too small), and alive while the server reads them; the C
+    path sets only `call`, and `sources` is worked out from it when needed."""
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
                  "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset",

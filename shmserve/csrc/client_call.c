@@ -27,14 +27,13 @@
 
 #include "client.h"
 
-static PyObject *s_dtype, *s_copy, *s_check_server, *s_push_failed, *s_plan, *s_sources,
-    *s_wanted, *s_slot, *s_generation, *s_block, *s_block_bytes;
+static PyObject *s_dtype, *s_copy, *s_check_server, *s_push_failed, *s_plan, *s_wanted, *s_slot, *s_generation, *s_block, *s_block_bytes;
 
 int shms_py_client_call_ready(void) {
 #define INTERN(var, text) \
   if (!(var = PyUnicode_InternFromString(text))) return -1;
   INTERN(s_dtype, "dtype") INTERN(s_copy, "copy") INTERN(s_check_server, "check_server")
-  INTERN(s_push_failed, "_push_failed") INTERN(s_plan, "plan") INTERN(s_sources, "sources")
+  INTERN(s_push_failed, "_push_failed") INTERN(s_plan, "plan")
   INTERN(s_wanted, "wanted") INTERN(s_slot, "slot") INTERN(s_generation, "generation")
   INTERN(s_block, "block") INTERN(s_block_bytes, "block_bytes")
 #undef INTERN
@@ -653,29 +652,10 @@ done:
   return out;
 }
 
-/* A list like request.sources(): (index, dtype code, array, arena offset or -1, shape). */
-static PyObject *sources_of(const call *c) {
-  PyObject *list = PyList_New(c->n_in);
-  for (uint32_t i = 0; list && i < c->n_in; i++) {
-    const call_input *t = &c->in[i];
-    PyObject *shape = PyTuple_New(t->ndim);
-    for (uint32_t d = 0; shape && d < t->ndim; d++) {
-      PyObject *v = PyLong_FromLongLong(t->shape[d]);
-      if (!v) Py_CLEAR(shape);
-      else PyTuple_SET_ITEM(shape, d, v);
-    }
-    PyObject *item = shape ? Py_BuildValue("(IIOLN)", t->index, t->dtype, t->arr,
-                                           t->adopted ? (long long)t->offset : -1LL, shape)
-                           : NULL;
-    if (!item) Py_CLEAR(list);
-    else PyList_SET_ITEM(list, i, item);
-  }
-  return list;
-}
-
 /* send(engine, req, model, inputs, outputs, version[, options]): submit()'s send on the common
- * path. Fills req (plan, sources, wanted, slot, generation, block, block_bytes),
- * registers it in flight with its future and pushes it; True. None, having done
+ * path. Fills req (plan, wanted, slot, generation, block, block_bytes; not sources,
+ * which Python works out from req.call if it must send it again), registers it in
+ * flight with its future and pushes it; True. None, having done
  * nothing, when the request is not for the C path; raises as Engine._send. */
 PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_t nargs) {
   if (nargs != 6 && nargs != 7) return PyErr_Format(PyExc_TypeError, "send() takes 6 or 7 arguments");
@@ -686,8 +666,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   call c;
   if (!take_call(self, &c, args[2], args[3], args[4], args[5], nargs == 7 ? args[6] : Py_None))
     Py_RETURN_NONE;
-  PyObject *sources = sources_of(&c), *wanted = NULL;
-  if (!sources) goto fail_views;
+  PyObject *wanted = NULL;
   if (args[4] == Py_None) {
     wanted = Py_NewRef(c.p->outputs);
   } else if ((wanted = PyList_New(c.n_out))) {
@@ -695,7 +674,6 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   }
   if (!wanted) goto fail_views;
   if (!place_call(self, &c)) {
-    Py_DECREF(sources);
     Py_DECREF(wanted);
     end_call(&c);
     Py_RETURN_NONE;
@@ -706,13 +684,11 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
                        PyLong_FromUnsignedLongLong(c.block_bytes), NULL};
   PyObject *names[5] = {s_slot, s_generation, s_block, s_block_bytes, NULL};
   int failed = PyObject_SetAttr(req, s_plan, c.plan) < 0 ||
-               PyObject_SetAttr(req, s_sources, sources) < 0 ||
                PyObject_SetAttr(req, s_wanted, wanted) < 0;
   for (int i = 0; i < 4; i++) {
     failed = failed || !vals[i] || PyObject_SetAttr(req, names[i], vals[i]) < 0;
     Py_XDECREF(vals[i]);
   }
-  Py_DECREF(sources);
   Py_DECREF(wanted);
   if (failed) {
     shms_py_free(self->alloc, c.block, c.block_bytes);
@@ -740,7 +716,6 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   leave(self);
   return out;
 fail_views:
-  Py_XDECREF(sources);
   end_call(&c);
   return NULL;
 }
