@@ -293,6 +293,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     const uint64_t start = shms_now_ns();
     const int64_t limit = timeout_s < 0 ? -1 : static_cast<int64_t>(timeout_s * 1e9);
     const int64_t spin = spin_budget();
+    Waiting waiting(*this);
     for (;;) {
       uint32_t seen = shms_load(&hdr->completions, memory_order_acquire);  // FIRST
       if (poll(*c)) break;
@@ -306,7 +307,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         slice = std::min(slice, left);
       }
       // SYNC POINT: woken by the server's shms_doorbell_ring on arena.completions.
-      if (!shms_doorbell_wait(&hdr->completions, &hdr->waiters, seen, spin, slice)) {
+      if (!shms_doorbell_wait(&hdr->completions, &hdr->waiters, seen, pipelined() ? 0 : spin, slice)) {
         try {
           check_server();
         } catch (...) {
@@ -556,6 +557,29 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return false;
   }
 
+  /// A thread in wait(), counted while it waits.
+  struct Waiting {
+    explicit Waiting(Engine &e) : e(e) {
+      std::lock_guard<std::mutex> g(e.mu);
+      e.n_waiting++;
+    }
+    ~Waiting() {
+      std::lock_guard<std::mutex> g(e.mu);
+      e.n_waiting--;
+    }
+    Engine &e;
+  };
+
+  /// More requests in flight than threads waiting: a caller keeps several in flight
+  /// (submit() ahead of get()). Their answers come in batches that share a wake-up,
+  /// and spinning for them would take the CPU the server needs, so waits do not spin
+  /// then, as the Python client's futures poller does not. Callers that each wait
+  /// for their own request (infer() from one or more threads) spin as usual.
+  bool pipelined() {
+    std::lock_guard<std::mutex> g(mu);
+    return n_inflight > n_waiting;
+  }
+
   int64_t spin_budget() {
     std::lock_guard<std::mutex> g(spin_mu);
     return shms_spin_budget(&spin_);
@@ -585,6 +609,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<uint32_t> free_slots, gens;
   std::vector<std::shared_ptr<Call>> inflight;
   size_t n_inflight = 0;
+  size_t n_waiting = 0;  // threads in wait()
   std::mutex models_mu;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const ModelInfo>> by_version;
   std::map<std::string, std::shared_ptr<const ModelInfo>> latest_version;
