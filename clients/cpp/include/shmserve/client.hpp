@@ -110,7 +110,7 @@ class Client {
     if (dtype_size(dtype) == 0) throw InvalidArgumentError("alloc() holds fixed-size types only");
     Tensor t;
     t.nbytes_ = element_count(shape) * dtype_size(dtype);
-    t.block_ = engine_->allocate(t.nbytes_, "alloc()");
+    t.block_ = engine_->allocate(t.nbytes_, [] { return std::string("alloc()"); });
     std::memset(t.data(), 0, t.nbytes_);
     t.dtype_ = dtype;
     t.shape_ = std::move(shape);

@@ -197,9 +197,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   // -- memory ---------------------------------------------------------------------------
   /// n bytes of the arena; waits for answers to free some while requests are in flight.
-  std::shared_ptr<Block> allocate(uint64_t n, const std::string &what) {
+  /// what() names the allocation in an error (called only then).
+  template <class What>
+  std::shared_ptr<Block> allocate(uint64_t n, What what) {
     if (align64(n) > alloc.capacity())
-      throw InvalidArgumentError(what + " needs " + std::to_string(n) + " bytes but this client's arena holds " +
+      throw InvalidArgumentError(what() + " needs " + std::to_string(n) + " bytes but this client's arena holds " +
                                  std::to_string(alloc.capacity()) + " (Options::arena_bytes)");
     for (;;) {
       uint64_t off;
@@ -209,7 +211,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
         std::lock_guard<std::mutex> g(mu);
         if (collect_locked()) continue;
         if (n_inflight == 0)
-          throw BusyError(what + " needs " + std::to_string(n) + " bytes and the arena is full (" +
+          throw BusyError(what() + " needs " + std::to_string(n) + " bytes and the arena is full (" +
                           std::to_string(alloc.used()) + " bytes held by results and tensors still alive)");
       }
       if (!shms_doorbell_wait(&hdr->completions, &hdr->waiters, seen, spin_.base_ns, kWaitSliceNs))
@@ -222,12 +224,12 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// server's answer OUTPUT_TOO_SMALL brings the size needed (resend_locked).
   static uint64_t capacity(const Call &c, uint32_t k) {
     const TensorSpec &s = c.model->outputs[k];
-    std::vector<int64_t> shape = s.shape;
-    if (c.model->batched() && !shape.empty()) shape[0] = static_cast<int64_t>(c.rows);
-    bool fixed = dtype_size(s.dtype) > 0 && shape.size() <= SHMS_MAX_DIMS &&
-                 std::all_of(shape.begin(), shape.end(), [](int64_t d) { return d >= 0; });
-    uint64_t n = fixed ? shms_tensor_bytes(static_cast<uint32_t>(s.dtype), static_cast<uint32_t>(shape.size()),
-                                           shape.data())
+    if (dtype_size(s.dtype) <= 0 || s.shape.size() > SHMS_MAX_DIMS) return std::max<uint64_t>(c.in_bytes, 4096);
+    int64_t shape[SHMS_MAX_DIMS];  // on the stack: this runs for every output of every request
+    std::copy(s.shape.begin(), s.shape.end(), shape);
+    if (c.model->batched() && !s.shape.empty()) shape[0] = static_cast<int64_t>(c.rows);
+    bool fixed = std::all_of(shape, shape + s.shape.size(), [](int64_t d) { return d >= 0; });
+    uint64_t n = fixed ? shms_tensor_bytes(static_cast<uint32_t>(s.dtype), static_cast<uint32_t>(s.shape.size()), shape)
                        : UINT64_MAX;
     return n != UINT64_MAX ? n : std::max<uint64_t>(c.in_bytes, 4096);
   }
@@ -238,12 +240,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// then sets c.in_refs (and c.keep for memory of its own) and calls send().
   void reserve(Call &c, const std::vector<OutputWant> &outputs, uint64_t staging_bytes) {
     std::vector<uint64_t> caps;
+    caps.reserve(outputs.size());
+    c.out_refs.reserve(outputs.size());
     uint64_t out_bytes = 0;
     for (const OutputWant &w : outputs) {
       caps.push_back(w.device ? w.device_capacity : capacity(c, w.index));
       out_bytes += align64(w.device ? sizeof(shms_cuda_ipc) : caps.back());
     }
-    auto block = allocate(staging_bytes + out_bytes, "request to model '" + c.model->name + "'");
+    auto block = allocate(staging_bytes + out_bytes, [&] { return "request to model '" + c.model->name + "'"; });
     c.staging = block->offset;
     uint64_t at = block->offset + staging_bytes;
     for (size_t k = 0; k < outputs.size(); k++) {

@@ -59,6 +59,8 @@ struct Front {
     if (m.batched() && !inputs.empty() && !inputs[0].shape.empty() && inputs[0].shape[0] > 0)
       call->rows = static_cast<uint64_t>(inputs[0].shape[0]);
     std::vector<OutputWant> want;
+    want.reserve(outputs.empty() ? m.outputs.size() : outputs.size());
+    call->in_refs.reserve(inputs.size());
     if (outputs.empty()) {
       for (uint32_t k = 0; k < m.outputs.size(); k++) want.push_back({k});
     } else {
@@ -133,6 +135,7 @@ struct Front {
     r.model_ = c.model->name;
     r.version_ = c.model->version;
     r.t_ns_ = c.t_ns;
+    r.outputs_.reserve(results.size());
     for (const shms_tensor_ref &t : results) {
       Output o;
       o.index = t.index;
