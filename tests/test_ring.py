@@ -331,3 +331,30 @@ def test_release_while_another_thread_waits_is_deferred():
     with pytest.raises(ValueError, match="released"):
         ops.load32(0)
     mm.close()  # now nothing holds it
+
+
+def test_the_first_ring_of_a_burst_clears_the_batchers_flag_and_wakes_it():
+    """ring_batcher (shms_doorbell_ring_sole, protocol section 8): the first ring after
+    the batcher fell asleep clears control.batcher_sleeping and wakes it; the rings after
+    it find the flag 0 and make no system call. Every ring moves the doorbell."""
+    import threading
+
+    r = Ring(8)
+    bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
+    woke = []
+
+    def batcher():  # the sole waiter: sets the flag, sleeps on the futex (30 s at most)
+        woke.append(r.ops.doorbell_wait(bell, sleeping, 0, 0, 30_000_000_000, True))
+
+    t = threading.Thread(target=batcher)
+    t.start()
+    while not r.ops.load32(sleeping):  # asleep, or about to be
+        pass
+    r.ops.ring_batcher()
+    assert r.ops.load32(sleeping) == 0  # cleared by the ring, before the batcher runs
+    r.ops.ring_batcher()  # a second push of the burst: nothing to wake
+    t.join(10)
+    assert not t.is_alive(), "the first ring did not wake the sleeping batcher"
+    assert woke and woke[0] and r.ops.load32(bell) == 2
+    r.ops.ring_batcher()  # nobody asleep: the flag stays 0, the doorbell moves
+    assert r.ops.load32(sleeping) == 0 and r.ops.load32(bell) == 3
