@@ -290,6 +290,12 @@ class Engine:
         req = Request()
         req.copy, req.retried, req.future = copy, False, ResultFuture(self._cancelled)
         req.options = options
+        # The caller may reuse its dict or list once submit() returned: a resend, and
+        # the arena arrays the server reads in place, keep what was sent.
+        if type(inputs) is dict:
+            inputs = inputs.copy()
+        elif type(inputs) is list:
+            inputs = tuple(inputs)
         req.call = (model, inputs, outputs, version)
         sent = (self._core.send(self, req, model, inputs, outputs, version) if options is None
                 else self._core.send(self, req, model, inputs, outputs, version, options))
@@ -477,6 +483,16 @@ class Engine:
         req.device_records = records
 
     def _send(self, req: Request) -> None:
+        # A cancel() from the caller leaves a request alone while it is sent (the
+        # poller sends one again, with bigger outputs or to a reloaded model): it would
+        # orphan the slot this sending still owns. Its answer is dropped instead.
+        req.sending = True
+        try:
+            self._send_now(req)
+        finally:
+            req.sending = False
+
+    def _send_now(self, req: Request) -> None:
         slot = self._acquire_slot()
         req.slot = slot
         # In flight from here: its waiter (claim) or the poller (collect) finishes it.
@@ -733,10 +749,11 @@ class Engine:
     def _cancelled(self, future: ResultFuture) -> None:
         """A submitted request's future was cancelled: its request is abandoned (the
         server still runs it; slot and block come back with its answer) unless the
-        poller already took it, which then drops its answer (ResultFuture.resolve)."""
+        poller already took it or is sending it again, which then drops its answer
+        (ResultFuture.resolve)."""
         with self._lock:  # the lock _collect takes the requests out of flight under
             for req in self._core.futures():
-                if req.future is future:
+                if req.future is future and not getattr(req, "sending", False):
                     self._abandon(req)
                     return
 

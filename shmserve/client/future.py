@@ -3,11 +3,13 @@ to make and to resolve.
 
 The base class builds a Condition (a Python object over an RLock) for every future and
 takes it in every method: about 6 us of a submitted request's CPU on a small machine,
-a quarter of the Python client's work. Here every future shares one lock, held for a
-few attribute stores, and makes its own Condition only when a thread blocks in
-result() or exception(). concurrent.futures.wait(), as_completed() and
-asyncio.wrap_future() work unchanged: they read `_state` and take `_condition`, which
-is this future's Condition over the shared lock.
+a quarter of the Python client's work. Here a future has only its RLock (a C object),
+held for a few attribute stores, and makes its Condition over it only when a thread
+blocks in result() or exception(), or concurrent.futures.wait() or as_completed() take
+it. Those and asyncio.wrap_future() work unchanged: they read `_state` and take
+`_condition`. (One lock shared by every future would be cheaper still, but wait() and
+as_completed() order the locks they take by future, which only prevents a deadlock
+between two of them when each future has its own.)
 
 cancel() is the caller giving up on the request: the engine stops waiting for it (the
 server still runs it; its answer is dropped and its memory reclaimed when it comes),
@@ -15,16 +17,14 @@ as when infer()'s timeout passes.
 """
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import threading
 from concurrent.futures._base import (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, LOGGER,
-                                      PENDING)
+                                      PENDING, RUNNING)
 
 _DONE = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED))
 _CANCELLED = frozenset((CANCELLED, CANCELLED_AND_NOTIFIED))
-# One lock for every future: an RLock because wait() and as_completed() take each of
-# their futures' conditions in turn, all of them this lock.
-_lock = threading.RLock()
 
 
 class ResultFuture(concurrent.futures.Future):
@@ -32,32 +32,34 @@ class ResultFuture(concurrent.futures.Future):
 
     def __init__(self, on_cancel=None):
         # No super().__init__(): it would build the Condition this class avoids.
+        self._lock = _thread.RLock()  # threading.RLock()'s C lock, without its factory call
         self._state = PENDING
         self._result = None
         self._exception = None
         self._waiters = []
         self._done_callbacks = []
         self._cond = None
-        self._on_cancel = on_cancel
+        self._on_cancel = on_cancel  # dropped once done: it holds the client's engine
 
     @property
     def _condition(self) -> threading.Condition:
         """The base class's and concurrent.futures.wait()'s lock, made on first use."""
         if self._cond is None:
-            with _lock:
+            with self._lock:
                 if self._cond is None:
-                    self._cond = threading.Condition(_lock)
+                    self._cond = threading.Condition(self._lock)
         return self._cond
 
     # -- the engine's side -------------------------------------------------------------
     def resolve(self, result) -> bool:
         """set_result() unless the caller cancelled: False then, and the caller of
         resolve() disposes of `result`."""
-        with _lock:
+        with self._lock:
             if self._state in _DONE:
                 return False
             self._result = result
             self._state = FINISHED
+            self._on_cancel = None
             if self._waiters or self._cond is not None:
                 self._notify_locked("add_result")
         for callback in self._done_callbacks:  # _invoke_callbacks, inlined
@@ -69,11 +71,12 @@ class ResultFuture(concurrent.futures.Future):
 
     def fail(self, exception: BaseException) -> bool:
         """set_exception() unless the future is already done (cancelled): False then."""
-        with _lock:
+        with self._lock:
             if self._state in _DONE:
                 return False
             self._exception = exception
             self._state = FINISHED
+            self._on_cancel = None
             self._notify_locked("add_exception")
         self._invoke_callbacks()
         return True
@@ -92,6 +95,13 @@ class ResultFuture(concurrent.futures.Future):
         if not self.fail(exception):
             raise concurrent.futures.InvalidStateError(f"{self._state}: {self!r}")
 
+    def set_running_or_notify_cancel(self) -> bool:
+        """As the base class's (for an executor's use); a cancel here is notified
+        already, so a cancelled future answers False."""
+        if self._state in _CANCELLED:
+            return False
+        return super().set_running_or_notify_cancel()
+
     # -- the caller's side: a finished future never changes, so no lock to read it ---
     def done(self) -> bool:
         return self._state in _DONE
@@ -100,7 +110,7 @@ class ResultFuture(concurrent.futures.Future):
         return self._state in _CANCELLED
 
     def running(self) -> bool:
-        return False  # a request is PENDING until answered: cancel() works until then
+        return self._state == RUNNING  # only after set_running_or_notify_cancel()
 
     def result(self, timeout=None):
         if self._state == FINISHED:
@@ -118,7 +128,7 @@ class ResultFuture(concurrent.futures.Future):
         return super().exception(timeout)
 
     def add_done_callback(self, fn) -> None:
-        with _lock:
+        with self._lock:
             if self._state not in _DONE:
                 self._done_callbacks.append(fn)
                 return
@@ -131,14 +141,15 @@ class ResultFuture(concurrent.futures.Future):
         """Cancels a request not yet answered. No executor runs these futures, so the
         cancel is notified here at once (CANCELLED_AND_NOTIFIED), for wait() and
         as_completed() to see it."""
-        with _lock:
-            if self._state == FINISHED:
+        with self._lock:
+            if self._state in (RUNNING, FINISHED):
                 return False
             if self._state in _CANCELLED:
                 return True
             self._state = CANCELLED_AND_NOTIFIED
             self._notify_locked("add_cancelled")
+            on_cancel, self._on_cancel = self._on_cancel, None
         self._invoke_callbacks()
-        if self._on_cancel is not None:
-            self._on_cancel(self)
+        if on_cancel is not None:
+            on_cancel(self)
         return True

@@ -46,7 +46,7 @@ class Request:
 
     __slots__ = ("plan", "sources", "wanted", "copy", "future", "retried", "slot", "generation",
                  "block", "block_bytes", "outputs", "sources_refs", "options", "params_offset",
-                 "string_id_offset",
+                 "string_id_offset", "sending",
                  # CUDA IPC (gpu/ipc.py): [(record offset, DeviceSource)] of the inputs,
                  # {output index: (DeviceSource, caller's tensor)} of device outputs
                  "device_records", "destinations",

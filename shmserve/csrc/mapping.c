@@ -123,12 +123,13 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* ring_batcher(): rings control.doorbell (shms_doorbell_ring_sole) */
+/* ring_batcher(): on the control segment's mapping, rings control.doorbell as a push
+ * does (shms_push_request_once) */
 static PyObject *m_ring_batcher(Mapping *self, PyObject *unused) {
   SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, offsetof(shms_control, doorbell)),
                         *s = ATOMIC32(self, offsetof(shms_control, batcher_sleeping));
   if (!w || !s) return NULL;
-  shms_doorbell_ring_sole(w, s);
+  shms_doorbell_ring(w, s, 1);
   Py_RETURN_NONE;
 }
 

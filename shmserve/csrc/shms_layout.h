@@ -48,7 +48,6 @@ using namespace shms_detail;
 #define shms_store(p, v, mo) (p)->store((v), mo)
 #define shms_fetch_add(p, v, mo) (p)->fetch_add((v), mo)
 #define shms_cas(p, expp, v) (p)->compare_exchange_strong(*(expp), (v), memory_order_seq_cst)
-#define shms_exchange(p, v, mo) (p)->exchange((v), mo)
 #else
 #include <stdalign.h>
 #include <stdatomic.h>
@@ -59,7 +58,6 @@ using namespace shms_detail;
 #define shms_store(p, v, mo) atomic_store_explicit((p), (v), mo)
 #define shms_fetch_add(p, v, mo) atomic_fetch_add_explicit((p), (v), mo)
 #define shms_cas(p, expp, v) atomic_compare_exchange_strong((p), (expp), (v))
-#define shms_exchange(p, v, mo) atomic_exchange_explicit((p), (v), mo)
 #endif
 
 /* ---------------------------------------------------------------- constants */

@@ -54,20 +54,6 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
   if (shms_load(sleeping, memory_order_seq_cst)) shms_futex_wake(word, n);
 }
 
-/* Ring the doorbell of a sole waiter that sets its flag before each sleep (the
- * batcher's: shms_doorbell_wait_x with sole). The first ringer after it fell asleep
- * clears the flag and wakes it; the ringers after that see 0 and make no system call,
- * so a burst of pushes costs one FUTEX_WAKE, not one each until the batcher runs.
- * Clearing is safe: the word moved before the flag was read, so the waiter either is
- * woken or finds the word moved before it sleeps. */
-static inline void shms_doorbell_ring_sole(SHMS_ATOMIC(uint32_t) * word,
-                                           SHMS_ATOMIC(uint32_t) * sleeping) {
-  shms_fetch_add(word, 1u, memory_order_seq_cst);
-  if (shms_load(sleeping, memory_order_seq_cst) &&
-      shms_exchange(sleeping, 0u, memory_order_seq_cst))
-    shms_futex_wake(word, 1);
-}
-
 /* A yield that kept us off the CPU longer than this: another runnable process had it
  * (on a quiet core sched_yield returns in about a microsecond; with a CPU-bound
  * neighbour it gives away a scheduler slice, a millisecond or more). Spinning then

@@ -125,7 +125,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     std::vector<std::shared_ptr<Call>> dropped;
     std::lock_guard<std::mutex> g(mu);
     for (auto &c : inflight) if (c) c->orphaned = true, dropped.push_back(std::move(c));
-    n_inflight = 0;
+    n_inflight = n_orphaned = 0;
   }
 
   // -- models ---------------------------------------------------------------------------
@@ -348,6 +348,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     shms_slot *slot = &slots[c->slot];
     const int64_t limit = timeout_s < 0 ? -1 : static_cast<int64_t>(timeout_s * 1e9);
     uint64_t start = shms_now_ns();
+    Waiting waiting(*this);  // a stream's call has its waiter: infer()s elsewhere still spin
     for (;;) {
       uint32_t seen = shms_load(&hdr->completions, memory_order_acquire);  // FIRST
       shms_answer a;
@@ -441,7 +442,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// The caller gave up waiting: slot and buffers stay reserved until the answer.
   void abandon(Call &c) {
     std::lock_guard<std::mutex> g(mu);
-    if (!c.done) c.orphaned = true;
+    if (!c.done && !c.orphaned) {
+      c.orphaned = true;
+      n_orphaned++;
+    }
   }
 
   static void check_header(const Mapping &m, uint64_t magic, const char *what) {
@@ -522,6 +526,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
       c->done = true;
       c->keep.clear();  // the server no longer reads the inputs
       if (c->status != SHMS_OK) c->out_block.reset();
+      if (c->orphaned) n_orphaned--;
       c = nullptr;
       n_inflight--;
       free_slots.push_back(s);
@@ -561,7 +566,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
     return false;
   }
 
-  /// A thread in wait(), counted while it waits.
+  /// A thread in wait() or stream(), counted while it waits.
   struct Waiting {
     explicit Waiting(Engine &e) : e(e) {
       std::lock_guard<std::mutex> g(e.mu);
@@ -581,7 +586,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// for their own request (infer() from one or more threads) spin as usual.
   bool pipelined() {
     std::lock_guard<std::mutex> g(mu);
-    return n_inflight > n_waiting;
+    return n_inflight - n_orphaned > n_waiting;  // nobody waits for an abandoned call
   }
 
   int64_t spin_budget() {
@@ -613,7 +618,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<uint32_t> free_slots, gens;
   std::vector<std::shared_ptr<Call>> inflight;
   size_t n_inflight = 0;
-  size_t n_waiting = 0;  // threads in wait()
+  size_t n_waiting = 0;   // threads in wait() or stream()
+  size_t n_orphaned = 0;  // calls in flight whose caller stopped waiting (abandon)
   std::mutex models_mu;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const ModelInfo>> by_version;
   std::map<std::string, std::shared_ptr<const ModelInfo>> latest_version;
