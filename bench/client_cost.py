@@ -51,6 +51,18 @@ def sync_loop(client, model: str, x: np.ndarray, seconds: float) -> tuple[int, f
     return n, cpu_s() - c0
 
 
+def timed_loop(client, model: str, x: np.ndarray, n: int) -> np.ndarray:
+    """n client.infer() calls one after the other, each timed from call to return
+    (ns), as shmserve_latency times the C++ client's: no harness around them."""
+    took = np.empty(n, np.int64)
+    clock = time.perf_counter_ns
+    for i in range(n):
+        t0 = clock()
+        client.infer(model, [x]).release()
+        took[i] = clock() - t0
+    return took
+
+
 def submit_loop(client, model: str, x: np.ndarray, seconds: float, k: int) -> tuple[int, float]:
     """k in flight; each answer's callback submits the next until the time is up."""
     done = threading.Semaphore(0)
