@@ -333,28 +333,40 @@ def test_release_while_another_thread_waits_is_deferred():
     mm.close()  # now nothing holds it
 
 
-def test_ring_batcher_wakes_the_sleeping_batcher_and_leaves_its_flag_to_it():
-    """ring_batcher (as a push rings, protocol section 8): it wakes the batcher asleep
-    on control.doorbell and moves the doorbell; the flag is the batcher's to clear (a
-    ringer that cleared it could clear the next sleep's and lose that wake-up)."""
+def test_ring_batcher_takes_back_only_the_token_of_the_sleep_it_read():
+    """The batcher's doorbell (shms_doorbell_ring_sole, protocol section 8): each sleep
+    stores a new token in control.batcher_sleeping; the first ring takes it back to 0
+    and wakes the batcher, the rings after it find 0 (no system call). A ringer that
+    read the token of an earlier sleep and was preempted cannot clear the next one's."""
     import threading
 
     r = Ring(8)
     bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
-    woke = []
 
-    def batcher():  # the sole waiter: sets the flag, sleeps on the futex (30 s at most)
-        woke.append(r.ops.doorbell_wait(bell, sleeping, 0, 0, 30_000_000_000, True))
+    def sleep_once(seen):  # the sole waiter (30 s at most); returns its thread
+        woke = []
+        t = threading.Thread(target=lambda: woke.append(
+            r.ops.doorbell_wait(bell, sleeping, seen, 0, 30_000_000_000, True)), daemon=True)
+        t.start()
+        while not r.ops.load32(sleeping):  # asleep, or about to be
+            pass
+        return t, woke
 
-    t = threading.Thread(target=batcher, daemon=True)
-    t.start()
-    while not r.ops.load32(sleeping):  # asleep, or about to be
-        pass
+    t, woke = sleep_once(0)
+    first = r.ops.load32(sleeping)
     r.ops.ring_batcher()
+    assert r.ops.load32(sleeping) == 0  # taken back by the ring, before the waiter ran
+    r.ops.ring_batcher()  # a second push of the burst: nothing to wake, nothing to clear
     t.join(10)
-    assert not t.is_alive(), "the ring did not wake the sleeping batcher"
-    assert woke == [P.Wake.SLEEP] or woke == [P.Wake.SPIN], woke
-    assert r.ops.load32(bell) == 1 and r.ops.load32(sleeping) == 0  # cleared by the waiter
-    r.ops.store32(sleeping, 1)  # a flag nobody clears: the ring leaves it as it is
-    r.ops.ring_batcher()
-    assert r.ops.load32(sleeping) == 1 and r.ops.load32(bell) == 2
+    assert not t.is_alive() and woke == [P.Wake.SLEEP], "the ring did not wake the batcher"
+    assert r.ops.load32(bell) == 2
+
+    t, woke = sleep_once(2)
+    second = r.ops.load32(sleeping)
+    assert second not in (0, first)  # a new token for a new sleep
+    assert not r.ops.cas32(sleeping, first, 0)  # the stale ringer's clear fails
+    assert r.ops.load32(sleeping) == second and t.is_alive()
+    r.ops.ring_batcher()  # so the next push still wakes it
+    t.join(10)
+    assert not t.is_alive() and woke == [P.Wake.SLEEP]
+    assert r.ops.load32(sleeping) == 0 and r.ops.load32(bell) == 3

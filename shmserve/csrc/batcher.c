@@ -788,15 +788,16 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < n_states && !busy; i++)
       busy = shms_load(state[i], memory_order_relaxed) != 0;
     int woke;
+    uint32_t token = shms_py_sleep_token(); /* this sleep's (shms_doorbell_ring_sole) */
     shms_py_enter(self->ctl);
     Py_BEGIN_ALLOW_THREADS
     /* SYNC POINT: as batcher.py's wait: clients (ring_push + doorbell_ring) and
      * workers (idle) ring us; sole: we are the doorbell's one sleeper. */
     woke = policy && !busy
                ? shms_spin_wait(&policy->spin, &r.ctl->doorbell, &r.ctl->batcher_sleeping, seen,
-                                (int64_t)timeout, 1)
+                                (int64_t)timeout, token)
                : shms_doorbell_wait_x(&r.ctl->doorbell, &r.ctl->batcher_sleeping, seen,
-                                      busy ? 0 : spin_ns, (int64_t)timeout, NULL, 1);
+                                      busy ? 0 : spin_ns, (int64_t)timeout, NULL, token);
     Py_END_ALLOW_THREADS
     shms_py_leave(self->ctl);
     if (woke > 0 && woke < 3) shms_fetch_add(&h->batcher_wakeups[woke], 1, memory_order_relaxed);

@@ -33,6 +33,10 @@ typedef struct {
 void shms_py_enter(Mapping *m);
 void shms_py_leave(Mapping *m);
 
+/* A new nonzero token for the batcher's next sleep on control.doorbell, never the
+ * last one (shms_doorbell_wait_x, shms_doorbell_ring_sole). */
+uint32_t shms_py_sleep_token(void);
+
 extern PyTypeObject MappingType;
 
 /* shmserve._core.AdaptiveSpin: a waiter's shms_spin (core.c) */

@@ -21,6 +21,14 @@ static PyObject *mapping_release(Mapping *self, PyObject *unused) {
 
 void shms_py_enter(Mapping *m) { m->in_use++; }
 
+uint32_t shms_py_sleep_token(void) {
+  static uint32_t last; /* this process's, shared by every file of the extension */
+  uint32_t token;
+  do token = __atomic_add_fetch(&last, 1u, __ATOMIC_RELAXED);
+  while (!token);
+  return token;
+}
+
 void shms_py_leave(Mapping *m) {
   if (--m->in_use == 0 && m->release_pending) {
     m->release_pending = 0;
@@ -124,20 +132,20 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
 }
 
 /* ring_batcher(): on the control segment's mapping, rings control.doorbell as a push
- * does (shms_push_request_once) */
+ * does (shms_doorbell_ring_sole) */
 static PyObject *m_ring_batcher(Mapping *self, PyObject *unused) {
   SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, offsetof(shms_control, doorbell)),
                         *s = ATOMIC32(self, offsetof(shms_control, batcher_sleeping));
   if (!w || !s) return NULL;
-  shms_doorbell_ring(w, s, 1);
+  shms_doorbell_ring_sole(w, s);
   Py_RETURN_NONE;
 }
 
 /* doorbell_wait(word_off, sleeping_off, seen, spin, timeout_ns[, sole]) -> how it woke:
  * Wake.SPIN or Wake.SLEEP if the word moved, Wake.TIMEOUT (0, falsy) if not. spin is
  * the nanoseconds to spin, or an AdaptiveSpin: its policy decides and learns from the
- * wait (shms_spin_wait). sole: the caller is the word's only waiter
- * (shms_doorbell_wait_x). */
+ * wait (shms_spin_wait). sole: the caller is the word's only waiter and stores a new
+ * token in the flag while it sleeps (shms_doorbell_wait_x, shms_py_sleep_token). */
 static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   unsigned long long off, soff;
   unsigned int seen;
@@ -154,8 +162,9 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   shms_py_enter(self);
   Py_INCREF(spin); /* another thread may drop its last reference while we wait */
   Py_BEGIN_ALLOW_THREADS
-  moved = policy ? shms_spin_wait(&policy->spin, w, s, seen, timeout_ns, sole)
-                 : shms_doorbell_wait_x(w, s, seen, spin_ns, timeout_ns, NULL, sole);
+  uint32_t token = sole ? shms_py_sleep_token() : 0;
+  moved = policy ? shms_spin_wait(&policy->spin, w, s, seen, timeout_ns, token)
+                 : shms_doorbell_wait_x(w, s, seen, spin_ns, timeout_ns, NULL, token);
   Py_END_ALLOW_THREADS
   Py_DECREF(spin);
   shms_py_leave(self);

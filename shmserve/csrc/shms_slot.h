@@ -62,7 +62,7 @@ static inline int shms_push_request_once(const shms_ring *r, uint32_t owner, uin
                                          uint32_t gen) {
   int rc = shms_ring_push(r, owner, slot, gen);
   /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell. */
-  shms_doorbell_ring(&r->ctl->doorbell, &r->ctl->batcher_sleeping, 1);
+  shms_doorbell_ring_sole(&r->ctl->doorbell, &r->ctl->batcher_sleeping);
   return rc;
 }
 

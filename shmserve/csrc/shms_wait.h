@@ -54,6 +54,23 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
   if (shms_load(sleeping, memory_order_seq_cst)) shms_futex_wake(word, n);
 }
 
+/* Ring the doorbell of a sole waiter (the batcher's: shms_doorbell_wait_x with a
+ * token): the first ring after it fell asleep takes its token back to 0 and wakes it;
+ * the rings after that find 0 and make no system call, so a burst of pushes costs one
+ * FUTEX_WAKE, not one each until the batcher runs. Only the token read is cleared (a
+ * CAS): each sleep stores a new one, so a ringer preempted since it read the token of
+ * an earlier sleep cannot clear the next sleep's (a plain store of 0 could, and that
+ * sleep's wake-up would then be lost). SYNC POINT: pairs with shms_doorbell_wait_x:
+ * the word moved before the token was read, so a waiter whose token we clear either
+ * is woken or finds the word moved before it sleeps; one whose token we could not
+ * clear had woken, and reads the word after our bump. */
+static inline void shms_doorbell_ring_sole(SHMS_ATOMIC(uint32_t) * word,
+                                           SHMS_ATOMIC(uint32_t) * sleeping) {
+  shms_fetch_add(word, 1u, memory_order_seq_cst);
+  uint32_t token = shms_load(sleeping, memory_order_seq_cst);
+  if (token && shms_cas(sleeping, &token, 0u)) shms_futex_wake(word, 1);
+}
+
 /* A yield that kept us off the CPU longer than this: another runnable process had it
  * (on a quiet core sched_yield returns in about a microsecond; with a CPU-bound
  * neighbour it gives away a scheduler slice, a millisecond or more). Spinning then
@@ -74,14 +91,16 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
  * whole slice (SHMS_SPIN_LOST_SLICE_NS).
  * Returns SHMS_WAKE_SPIN (1) if the word moved while spinning, SHMS_WAKE_SLEEP (2) if
  * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout.
- * *sleeping counts the sleepers (a client's threads on its arena); with sole, the
- * caller is the word's only waiter (the batcher on control.doorbell) and sets and
- * clears it instead: a vandal's write to a flag clients can reach then lasts one sleep,
- * where a count it zeroed would stay one off for good (no push would ring again). */
+ * *sleeping counts the sleepers (a client's threads on its arena); with a nonzero
+ * sole token, the caller is the word's only waiter (the batcher on control.doorbell)
+ * and stores the token there while it sleeps, then 0: a vandal's write to a flag
+ * clients can reach then lasts one sleep, where a count it zeroed would stay one off
+ * for good (no push would ring again). The token must differ from the last sleep's
+ * (shms_doorbell_ring_sole). */
 static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
                                        SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
                                        int64_t spin_ns, int64_t timeout_ns, int *preempted,
-                                       int sole) {
+                                       uint32_t sole) {
   uint64_t start = shms_now_ns(), last = start;
   if (preempted) *preempted = 0;
   for (;;) {
@@ -97,23 +116,22 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
     sched_yield();
     last = now;
   }
+  /* A sole waiter's token stays for the whole wait, spurious wake-ups included: a
+   * ringer clears it only after moving the word, which ends the wait. */
+  if (sole) shms_store(sleeping, sole, memory_order_seq_cst);
   for (;;) {
     int64_t left = -1;
     if (timeout_ns >= 0) {
       left = timeout_ns - (int64_t)(shms_now_ns() - start);
-      if (left <= 0) return shms_load(word, memory_order_acquire) != seen ? 2 : 0;
+      if (left <= 0) break;
     }
-    if (sole)
-      shms_store(sleeping, 1u, memory_order_seq_cst);
-    else
-      shms_fetch_add(sleeping, 1u, memory_order_seq_cst);
+    if (!sole) shms_fetch_add(sleeping, 1u, memory_order_seq_cst);
     if (shms_load(word, memory_order_seq_cst) == seen) shms_futex_wait(word, seen, left);
-    if (sole)
-      shms_store(sleeping, 0u, memory_order_seq_cst);
-    else
-      shms_fetch_add(sleeping, (uint32_t)-1, memory_order_seq_cst);
-    if (shms_load(word, memory_order_acquire) != seen) return 2;
+    if (!sole) shms_fetch_add(sleeping, (uint32_t)-1, memory_order_seq_cst);
+    if (shms_load(word, memory_order_acquire) != seen) break;
   }
+  if (sole) shms_store(sleeping, 0u, memory_order_seq_cst);
+  return shms_load(word, memory_order_acquire) != seen ? 2 : 0;
 }
 
 static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,
@@ -191,7 +209,7 @@ static inline void shms_spin_outcome(shms_spin *s, int preempted) {
  * spun nothing (budget 0) counts down the backoff. Returns as shms_doorbell_wait. */
 static inline int shms_spin_wait(shms_spin *s, SHMS_ATOMIC(uint32_t) * word,
                                  SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
-                                 int64_t timeout_ns, int sole) {
+                                 int64_t timeout_ns, uint32_t sole) {
   uint64_t start = shms_now_ns();
   int preempted = 0;
   int how = shms_doorbell_wait_x(word, sleeping, seen, shms_spin_budget(s), timeout_ns,
