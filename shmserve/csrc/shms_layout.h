@@ -329,7 +329,7 @@ typedef struct shms_control {
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) enqueue_pos; /* producers (clients) */
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) dequeue_pos; /* the batcher only */
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint32_t) doorbell;    /* futex: batcher's wake-up word */
-  SHMS_ATOMIC(uint32_t) batcher_sleeping;             /* nonzero while it may sleep */
+  SHMS_ATOMIC(uint32_t) batcher_sleeping;             /* its sleep's token, 0 awake */
   uint8_t pad[56];
 } shms_control;
 

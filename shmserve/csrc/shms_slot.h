@@ -61,7 +61,7 @@ static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
 static inline int shms_push_request_once(const shms_ring *r, uint32_t owner, uint32_t slot,
                                          uint32_t gen) {
   int rc = shms_ring_push(r, owner, slot, gen);
-  /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait on control.doorbell. */
+  /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait_x on control.doorbell. */
   shms_doorbell_ring_sole(&r->ctl->doorbell, &r->ctl->batcher_sleeping);
   return rc;
 }

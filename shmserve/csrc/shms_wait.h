@@ -57,18 +57,23 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
 /* Ring the doorbell of a sole waiter (the batcher's: shms_doorbell_wait_x with a
  * token): the first ring after it fell asleep takes its token back to 0 and wakes it;
  * the rings after that find 0 and make no system call, so a burst of pushes costs one
- * FUTEX_WAKE, not one each until the batcher runs. Only the token read is cleared (a
- * CAS): each sleep stores a new one, so a ringer preempted since it read the token of
- * an earlier sleep cannot clear the next sleep's (a plain store of 0 could, and that
- * sleep's wake-up would then be lost). SYNC POINT: pairs with shms_doorbell_wait_x:
- * the word moved before the token was read, so a waiter whose token we clear either
- * is woken or finds the word moved before it sleeps; one whose token we could not
- * clear had woken, and reads the word after our bump. */
+ * FUTEX_WAKE, not one each until the batcher runs.
+ * SYNC POINT: pairs with shms_doorbell_wait_x. The ringer that takes the token moves
+ * the word once more before it wakes: the sleep it cleared read its `seen` before
+ * storing the token, so that move ends it (the futex wait fails or is woken) even
+ * when our first move came before that `seen` and the sleep would otherwise go on
+ * with no token (and no later push would wake it). A ringer whose CAS fails read the
+ * token of a sleep that had ended; the waiter reads the word after our first move
+ * before it sleeps again. Tokens differ between sleeps (shms_py_sleep_token), so such
+ * a ringer cannot clear a later sleep's. */
 static inline void shms_doorbell_ring_sole(SHMS_ATOMIC(uint32_t) * word,
                                            SHMS_ATOMIC(uint32_t) * sleeping) {
   shms_fetch_add(word, 1u, memory_order_seq_cst);
   uint32_t token = shms_load(sleeping, memory_order_seq_cst);
-  if (token && shms_cas(sleeping, &token, 0u)) shms_futex_wake(word, 1);
+  if (token && shms_cas(sleeping, &token, 0u)) {
+    shms_fetch_add(word, 1u, memory_order_seq_cst);
+    shms_futex_wake(word, 1);
+  }
 }
 
 /* A yield that kept us off the CPU longer than this: another runnable process had it
@@ -116,8 +121,8 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
     sched_yield();
     last = now;
   }
-  /* A sole waiter's token stays for the whole wait, spurious wake-ups included: a
-   * ringer clears it only after moving the word, which ends the wait. */
+  /* A sole waiter's token stays for the whole wait, spurious wake-ups included: the
+   * ringer that clears it moves the word after clearing, which ends the wait. */
   if (sole) shms_store(sleeping, sole, memory_order_seq_cst);
   for (;;) {
     int64_t left = -1;
