@@ -174,7 +174,9 @@ class Client:
         """Sends a request and returns at once; the Future resolves to an InferResult.
         Many requests may be in flight from one caller (up to the slots of the lease).
         Request options as infer()'s. The requests of one sequence submitted without
-        waiting run in the order submitted."""
+        waiting run in the order submitted. The inputs' dict or list may be reused once
+        this returns. future.cancel() stops waiting for the answer (CancelledError); the
+        server still runs the request, and its memory comes back with its answer."""
         if priority or timeout_us or parameters or sequence_id or sequence_start or sequence_end:
             return self.engine.submit(model, inputs, outputs, version, copy,
                                       _options(priority, timeout_us, parameters, sequence_id,
