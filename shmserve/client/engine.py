@@ -273,8 +273,7 @@ class Engine:
         req.copy, req.retried, req.future, req.options = copy, False, None, options
         req.block, req.block_bytes = block, block_bytes
         req.call = (model, inputs, outputs, version)
-        try:  # kept for a resend (OUTPUT_TOO_SMALL); the C path checked them already
-            req.sources = sources(plan, inputs, self._locate)
+        try:  # kept for a resend (OUTPUT_TOO_SMALL, which works out sources from call)
             req.wanted = wanted(plan, outputs)
         except BaseException:
             self._alloc.free(block, block_bytes)
@@ -762,15 +761,10 @@ class Engine:
         with self._lock:
             ready = self._core.collect()  # out of the in-flight table: ours to finish
             self._finishing += len(ready)
-        finish = self._core.finish
         try:
             for req in ready:
-                try:  # _finish, inlined for the common answer (one call a request less)
-                    got = finish(req.slot, req.block, req.block_bytes, req.plan.fast, req.copy)
-                    if got.__class__ is not InferResult:
-                        self._answered(req, got)  # resolves the future or resends
-                    elif not req.future.resolve(got):
-                        got.release()  # cancelled meanwhile: nobody takes it
+                try:
+                    self._finish(req)  # resolves the future (or resends the request)
                 except errors.ShmServeError as e:
                     req.future.fail(e)
         finally:

@@ -54,31 +54,26 @@ class ResultFuture(concurrent.futures.Future):
     def resolve(self, result) -> bool:
         """set_result() unless the caller cancelled: False then, and the caller of
         resolve() disposes of `result`."""
+        return self._finish(result, None)
+
+    def fail(self, exception: BaseException) -> bool:
+        """set_exception() unless the future is already done (cancelled): False then."""
+        return self._finish(None, exception)
+
+    def _finish(self, result, exception) -> bool:
         with self._lock:
             if self._state in _DONE:
                 return False
-            self._result = result
+            self._result, self._exception = result, exception
             self._state = FINISHED
             self._on_cancel = None
             if self._waiters or self._cond is not None:
-                self._notify_locked("add_result")
+                self._notify_locked("add_result" if exception is None else "add_exception")
         for callback in self._done_callbacks:  # _invoke_callbacks, inlined
             try:
                 callback(self)
             except Exception:
                 LOGGER.exception("exception calling callback for %r", self)
-        return True
-
-    def fail(self, exception: BaseException) -> bool:
-        """set_exception() unless the future is already done (cancelled): False then."""
-        with self._lock:
-            if self._state in _DONE:
-                return False
-            self._exception = exception
-            self._state = FINISHED
-            self._on_cancel = None
-            self._notify_locked("add_exception")
-        self._invoke_callbacks()
         return True
 
     def _notify_locked(self, how: str) -> None:

@@ -27,7 +27,8 @@
 
 #include "client.h"
 
-static PyObject *s_dtype, *s_copy, *s_check_server, *s_push_failed, *s_plan, *s_wanted, *s_slot, *s_generation, *s_block, *s_block_bytes;
+static PyObject *s_dtype, *s_copy, *s_check_server, *s_push_failed, *s_plan, *s_wanted, *s_slot,
+    *s_generation, *s_block, *s_block_bytes;
 
 int shms_py_client_call_ready(void) {
 #define INTERN(var, text) \
