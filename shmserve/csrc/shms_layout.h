@@ -20,10 +20,12 @@
  *     every release/acquire pair and every futex wait/wake pair.
  *
  * Segments (names in docs/protocol.md):
- *   control  (server creates; clients map read-write): shms_control + request ring.
+ *   control  (server creates; clients map it read-only): shms_control.
+ *   bell     (server creates; clients map read-write): shms_bell, the batcher's doorbell.
  *   arena    (server creates, one per client lease; that client maps read-write):
- *            shms_arena_header + request slots + the client's tensor data.
- *   Both are memfds sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW |
+ *            shms_arena_header + the client's submission ring + request slots + the
+ *            client's tensor data.
+ *   All three are memfds sealed against resizing (F_SEAL_SHRINK | F_SEAL_GROW |
  *   F_SEAL_SEAL), sent with the hello reply (SCM_RIGHTS): no name, and no way to
  *   SIGBUS the server.
  *   server   (server-private; clients never receive its name): client table, model
@@ -65,7 +67,7 @@ using namespace shms_detail;
 #define SHMS_MAGIC_CONTROL 0x314c5443534d4853ULL /* "SHMSCTL1" little-endian */
 #define SHMS_MAGIC_ARENA 0x314e5241534d4853ULL   /* "SHMSARN1" */
 #define SHMS_MAGIC_SERVER 0x31565253534d4853ULL  /* "SHMSSRV1" */
-#define SHMS_PROTOCOL_VERSION 4u
+#define SHMS_PROTOCOL_VERSION 5u
 
 #define SHMS_MAX_TENSORS 16         /* inputs per request, and outputs per request */
 #define SHMS_MAX_DIMS 8             /* rank of a tensor, batch dimension included */
@@ -292,9 +294,9 @@ typedef struct shms_request {
   shms_tensor_ref outputs[SHMS_MAX_TENSORS]; /* index, offset, nbytes (capacity) */
 } shms_request;
 
-/* ------------------------------------------------------------- control segment */
+/* ------------------------------------------------------------- control and bell */
 
-/* One ring cell. seq is the Vyukov sequence word extended with a claim state:
+/* One cell of a client's submission ring (in its arena). seq is the Vyukov sequence word extended with a claim state:
  *   seq == pos                 free for the producer of position pos
  *   seq == CLAIM(owner, pos)   claimed by client `owner`, payload being written
  *   seq == pos + 1             published: payload valid for the consumer
@@ -313,12 +315,12 @@ static inline uint64_t shms_claim_word(uint32_t owner, uint64_t pos) {
   return SHMS_CELL_CLAIMED | ((uint64_t)(owner & 0x7fffffffu) << 32) | (pos & 0xffffffffu);
 }
 
+/* The control block. Clients map it read-only (the hello reply sends a descriptor
+ * reopened O_RDONLY): every word here is the server's. */
 typedef struct shms_control {
   uint64_t magic; /* SHMS_MAGIC_CONTROL */
   uint32_t version; /* SHMS_PROTOCOL_VERSION */
   uint32_t header_bytes; /* sizeof(shms_control) */
-  uint32_t ring_offset;  /* offset of the first shms_ring_cell */
-  uint32_t ring_capacity; /* power of two */
   uint32_t server_pid;   /* coordinator's pid, for liveness checks */
   uint32_t reserved;
   uint64_t segment_bytes;
@@ -326,12 +328,21 @@ typedef struct shms_control {
   /* Coordinator: nonzero while other work leaves this machine no CPU to spin on
    * (shmserve/server/cpu_watch.py); every waiter then sleeps at once. A hint only. */
   SHMS_ATOMIC(uint32_t) crowded;
-  SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) enqueue_pos; /* producers (clients) */
-  SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) dequeue_pos; /* the batcher only */
-  SHMS_ALIGNAS(64) SHMS_ATOMIC(uint32_t) doorbell;    /* futex: batcher's wake-up word */
-  SHMS_ATOMIC(uint32_t) batcher_sleeping;             /* its sleep's token, 0 awake */
-  uint8_t pad[56];
+  /* Batcher: its sleep's token while it sleeps on bell.doorbell, 0 awake
+   * (shms_doorbell_ring_client). */
+  SHMS_ATOMIC(uint32_t) batcher_sleeping;
+  uint32_t reserved2;
+  uint8_t pad[16];
 } shms_control;
+
+/* The bell: the one shared page every client maps read-write (its own sealed memfd),
+ * holding only the batcher's futex word. All a client can do with it is ring; the
+ * batcher's doorbell defence bounds that (server/batcher.py, NOISE_RINGS). */
+typedef struct shms_bell {
+  SHMS_ATOMIC(uint32_t) doorbell; /* futex: the batcher's wake-up word */
+  uint32_t reserved;
+  uint8_t pad[56];
+} shms_bell;
 
 /* ------------------------------------------------------------- arena segment */
 
@@ -366,10 +377,15 @@ typedef struct shms_arena_header {
   uint64_t slots_offset;
   uint64_t data_offset; /* tensor data lives in [data_offset, segment_bytes) */
   uint64_t segment_bytes;
-  uint8_t pad0[16];
+  uint64_t ring_offset;   /* this client's submission ring: its first shms_ring_cell */
+  uint32_t ring_capacity; /* power of two, at least n_slots */
+  /* Client: the batcher's sleep token it last woke (shms_doorbell_ring_client). */
+  SHMS_ATOMIC(uint32_t) rang_token;
   SHMS_ALIGNAS(64) SHMS_ATOMIC(uint32_t) completions; /* futex: bumped after each DONE */
   SHMS_ATOMIC(uint32_t) waiters; /* client threads that may sleep on completions */
   uint8_t pad[56];
+  SHMS_ALIGNAS(64) SHMS_ATOMIC(uint64_t) enqueue_pos; /* the ring's producers (this client) */
+  uint8_t pad2[56];
 } shms_arena_header;
 
 /* ------------------------------------------------------------- server segment */
@@ -381,6 +397,9 @@ typedef struct shms_client_entry {
   uint32_t uid;
   uint64_t segment_bytes;
   char segment[SHMS_NAME_BYTES]; /* how server processes open the arena: /proc/<coordinator>/fd/<memfd> */
+  /* Batcher: its position in this lease's submission ring (0 at a new lease); private
+   * to the server, so a restarted batcher goes on where its predecessor stopped. */
+  SHMS_ATOMIC(uint64_t) ring_pos;
 } shms_client_entry;
 
 typedef struct shms_tensor_spec {
@@ -495,7 +514,6 @@ typedef struct shms_server_header {
   uint64_t shadows_offset; /* shms_shadow[max_clients * slots_per_client] */
   uint64_t mailboxes_offset; /* shms_mailbox[n_workers] */
   uint64_t segment_bytes;
-  SHMS_ATOMIC(uint64_t) ring_pos; /* the batcher's ring position, for its successor */
   /* Coordinator: CLOCK_MONOTONIC ns when the server began to stop, 0 while serving. A
    * request pushed (slot t_ns[ENQUEUE]) at or after it is refused; earlier ones drain. */
   SHMS_ATOMIC(uint64_t) drain_since_ns;
@@ -517,23 +535,25 @@ SHMS_STATIC_ASSERT(offsetof(shms_request, inputs) == 64, "shms_request.inputs of
 SHMS_STATIC_ASSERT(offsetof(shms_request, sequence_id_offset) == 48, "shms_request.sequence_id_offset offset");
 SHMS_STATIC_ASSERT(offsetof(shms_request, sequence_id_bytes) == 56, "shms_request.sequence_id_bytes offset");
 SHMS_STATIC_ASSERT(sizeof(shms_ring_cell) == 32, "shms_ring_cell size");
-SHMS_STATIC_ASSERT(sizeof(shms_control) == 256, "shms_control size");
-SHMS_STATIC_ASSERT(offsetof(shms_control, enqueue_pos) == 64, "enqueue_pos offset");
-SHMS_STATIC_ASSERT(offsetof(shms_control, dequeue_pos) == 128, "dequeue_pos offset");
-SHMS_STATIC_ASSERT(offsetof(shms_control, doorbell) == 192, "doorbell offset");
+SHMS_STATIC_ASSERT(sizeof(shms_control) == 64, "shms_control size");
+SHMS_STATIC_ASSERT(offsetof(shms_control, batcher_sleeping) == 40, "batcher_sleeping offset");
+SHMS_STATIC_ASSERT(sizeof(shms_bell) == 64, "shms_bell size");
 SHMS_STATIC_ASSERT(sizeof(shms_slot) == 5056, "shms_slot size");
 SHMS_STATIC_ASSERT(sizeof(shms_slot) % 64 == 0, "slots are cache-line aligned");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, request) == 336, "shms_slot.request offset");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, results) == 3472, "shms_slot.results offset");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, response_index) == 5008, "shms_slot.response_index offset");
 SHMS_STATIC_ASSERT(offsetof(shms_slot, cancel) == 5016, "shms_slot.cancel offset");
-SHMS_STATIC_ASSERT(sizeof(shms_arena_header) == 128, "shms_arena_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_arena_header) == 192, "shms_arena_header size");
+SHMS_STATIC_ASSERT(offsetof(shms_arena_header, ring_offset) == 48, "ring_offset offset");
+SHMS_STATIC_ASSERT(offsetof(shms_arena_header, rang_token) == 60, "rang_token offset");
 SHMS_STATIC_ASSERT(offsetof(shms_arena_header, completions) == 64, "completions offset");
-SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 88, "shms_client_entry size");
+SHMS_STATIC_ASSERT(offsetof(shms_arena_header, enqueue_pos) == 128, "enqueue_pos offset");
+SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 96, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 32 + sizeof(shms_request), "shms_shadow size");
 SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 80 + 8 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
-SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 120, "shms_server_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size");
 SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
 #endif
 
@@ -561,12 +581,10 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(ring_cell, shms_ring_cell, slot) F(ring_cell, shms_ring_cell, generation)           \
   S(control, shms_control)                                                              \
   F(control, shms_control, magic) F(control, shms_control, version)                     \
-  F(control, shms_control, header_bytes) F(control, shms_control, ring_offset)          \
-  F(control, shms_control, ring_capacity) F(control, shms_control, server_pid)          \
+  F(control, shms_control, header_bytes) F(control, shms_control, server_pid)           \
   F(control, shms_control, segment_bytes) F(control, shms_control, server_state)        \
-  F(control, shms_control, crowded)                                                     \
-  F(control, shms_control, enqueue_pos) F(control, shms_control, dequeue_pos)           \
-  F(control, shms_control, doorbell) F(control, shms_control, batcher_sleeping)         \
+  F(control, shms_control, crowded) F(control, shms_control, batcher_sleeping)          \
+  S(bell, shms_bell) F(bell, shms_bell, doorbell)                                       \
   S(slot, shms_slot)                                                                    \
   F(slot, shms_slot, state) F(slot, shms_slot, generation) F(slot, shms_slot, status)   \
   F(slot, shms_slot, n_results) F(slot, shms_slot, t_ns) F(slot, shms_slot, error)      \
@@ -578,13 +596,15 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(arena, shms_arena_header, client_id) F(arena, shms_arena_header, generation)        \
   F(arena, shms_arena_header, n_slots) F(arena, shms_arena_header, slots_offset)        \
   F(arena, shms_arena_header, data_offset) F(arena, shms_arena_header, segment_bytes)   \
+  F(arena, shms_arena_header, ring_offset) F(arena, shms_arena_header, ring_capacity)   \
+  F(arena, shms_arena_header, rang_token) F(arena, shms_arena_header, enqueue_pos)      \
   F(arena, shms_arena_header, completions) F(arena, shms_arena_header, waiters)         \
   S(client_entry, shms_client_entry)                                                    \
   F(client_entry, shms_client_entry, state)                                             \
   F(client_entry, shms_client_entry, generation)                                        \
   F(client_entry, shms_client_entry, pid) F(client_entry, shms_client_entry, uid)       \
   F(client_entry, shms_client_entry, segment_bytes)                                     \
-  F(client_entry, shms_client_entry, segment)                                           \
+  F(client_entry, shms_client_entry, segment) F(client_entry, shms_client_entry, ring_pos) \
   S(tensor_spec, shms_tensor_spec)                                                      \
   F(tensor_spec, shms_tensor_spec, name) F(tensor_spec, shms_tensor_spec, dtype)        \
   F(tensor_spec, shms_tensor_spec, ndim) F(tensor_spec, shms_tensor_spec, dims)         \
@@ -633,7 +653,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(server, shms_server_header, models_offset)                                          \
   F(server, shms_server_header, shadows_offset)                                         \
   F(server, shms_server_header, mailboxes_offset)                                       \
-  F(server, shms_server_header, segment_bytes) F(server, shms_server_header, ring_pos)    \
+  F(server, shms_server_header, segment_bytes)                                          \
   F(server, shms_server_header, drain_since_ns)                                         \
   F(server, shms_server_header, batcher_wakeups) F(server, shms_server_header, crowded)
 

@@ -7,27 +7,28 @@
 #include "shms_layout.h"
 
 /*
- * A bounded multi-producer, single-consumer ring of (client, slot, generation)
- * entries, after Dmitry Vyukov's bounded MPMC queue, changed so that a producer
- * that dies half-way never blocks it:
+ * A client's submission ring, in its own arena: a bounded multi-producer (that
+ * client's threads), single-consumer (the batcher) ring of (client, slot, generation)
+ * entries, after Dmitry Vyukov's bounded MPMC queue, changed so that a producer that
+ * dies half-way never blocks it:
  *
  *   - A producer claims a cell by CAS on the cell's seq (pos -> CLAIM(owner, pos))
  *     before it moves enqueue_pos, so the claimed cell names its owner. Anyone who
  *     sees position pos taken helps move enqueue_pos past it.
  *   - It then writes the payload and publishes with a CAS CLAIM -> pos + 1.
  *   - The consumer takes cells strictly in order. It may skip the head cell with a
- *     CAS (its seq -> pos + capacity): a claim whose owner's lease is dead, or that
- *     stayed unpublished too long, or a cell no honest producer leaves that way. A
- *     late publish by the owner then fails its CAS (SHMS_RING_RECLAIMED): a live
- *     owner pushes again, a dead lease learns it was dropped.
+ *     CAS (its seq -> pos + capacity): a claim that stayed unpublished too long, or a
+ *     cell no honest producer leaves that way. A late publish by the owner then fails
+ *     its CAS (SHMS_RING_RECLAIMED): a live owner pushes again.
  *
- * Every client maps the ring read-write, so one client can write anything into it.
- * Hence nobody trusts the shared header after attaching: the capacity and cell
- * address are fixed in a private shms_ring view, the consumer's position is private
- * (control.dequeue_pos is only a mirror for observers), and the consumer repairs
- * an enqueue_pos outside [head, head + capacity] (shms_ring_repair). What a vandal
- * can still do is delay others (a claim held up to the batcher's grace period) or
- * drop ring entries; the batcher's sweep of SUBMITTED slots answers those.
+ * Only its client and the server map an arena, so whatever is written into a ring
+ * was written by its client (or by the server): a forged claim, a garbage cell or a
+ * vandalised enqueue_pos stalls or loses that client's own entries, nobody else's
+ * (docs/protocol.md section 5). Still, the consumer trusts nothing it reads here:
+ * the capacity and cell address are fixed by the server's own geometry
+ * (shms_arena_layout), its position is private (the server's client table), it
+ * repairs an enqueue_pos outside [head, head + capacity] (shms_ring_repair), and
+ * the batcher's sweep of SUBMITTED slots answers requests whose entries were lost.
  *
  * ABA: positions are 64-bit and never wrap in practice; a claim word carries the
  * low 32 bits of its position, so a stale claim from an older lap (capacity <
@@ -35,35 +36,43 @@
  */
 
 typedef struct shms_ring {
-  shms_control *ctl;
+  SHMS_ATOMIC(uint64_t) *enqueue_pos; /* in the arena header */
   shms_ring_cell *cells;
   uint64_t capacity; /* power of two, fixed at attach */
 } shms_ring;
 
-/* Checks the control header once and fixes the view. Returns 0, or -1 if the
- * segment is not a control segment of this protocol version, segment_bytes long, with a sane ring. */
+/* The ring of the arena at base, with the geometry given (the server's own). */
+static inline void shms_ring_view(shms_ring *r, void *base, uint64_t ring_offset,
+                                  uint64_t capacity) {
+  r->enqueue_pos = &((shms_arena_header *)base)->enqueue_pos;
+  r->cells = (shms_ring_cell *)((char *)base + ring_offset);
+  r->capacity = capacity;
+}
+
+/* Client: checks its arena's header once and fixes the view. Returns 0, or -1 if
+ * the segment is not an arena of this protocol version, segment_bytes long, with a
+ * sane ring before its slots. */
 static inline int shms_ring_attach(shms_ring *r, void *base, uint64_t segment_bytes) {
-  shms_control *ctl = (shms_control *)base;
-  if (segment_bytes < sizeof(shms_control) || ctl->magic != SHMS_MAGIC_CONTROL ||
-      ctl->version != SHMS_PROTOCOL_VERSION)
+  shms_arena_header *h = (shms_arena_header *)base;
+  if (segment_bytes < sizeof(shms_arena_header) || h->magic != SHMS_MAGIC_ARENA ||
+      h->version != SHMS_PROTOCOL_VERSION)
     return -1;
-  uint64_t cap = ctl->ring_capacity, off = ctl->ring_offset;
-  if (cap < 2 || (cap & (cap - 1)) || cap > (1u << 30) || off < sizeof(shms_control) ||
-      off % 64 || off + cap * sizeof(shms_ring_cell) > segment_bytes)
+  uint64_t cap = h->ring_capacity, off = h->ring_offset;
+  if (cap < 2 || (cap & (cap - 1)) || cap > (1u << 30) || cap < h->n_slots ||
+      off < sizeof(shms_arena_header) || off % 64 ||
+      off + cap * sizeof(shms_ring_cell) > h->slots_offset || h->slots_offset > segment_bytes)
     return -1;
-  r->ctl = ctl;
-  r->cells = (shms_ring_cell *)((char *)base + off);
-  r->capacity = cap;
+  shms_ring_view(r, base, off, cap);
   return 0;
 }
 
 static inline int shms_ring_push(const shms_ring *r, uint32_t owner, uint32_t slot,
                                  uint32_t generation) {
-  shms_control *ctl = r->ctl;
+  SHMS_ATOMIC(uint64_t) *enqueue_pos = r->enqueue_pos;
   shms_ring_cell *cells = r->cells;
   const uint64_t mask = r->capacity - 1;
   for (;;) {
-    uint64_t pos = shms_load(&ctl->enqueue_pos, memory_order_relaxed);
+    uint64_t pos = shms_load(enqueue_pos, memory_order_relaxed);
     shms_ring_cell *c = &cells[pos & mask];
     uint64_t seq = shms_load(&c->seq, memory_order_acquire);
     int taken; /* position pos already belongs to some producer */
@@ -72,7 +81,7 @@ static inline int shms_ring_push(const shms_ring *r, uint32_t owner, uint32_t sl
       uint64_t expected = pos;
       if (!shms_cas(&c->seq, &expected, claim)) continue;
       uint64_t p = pos;
-      shms_cas(&ctl->enqueue_pos, &p, pos + 1);
+      shms_cas(enqueue_pos, &p, pos + 1);
       c->client_id = owner;
       c->slot = slot;
       c->generation = generation;
@@ -87,11 +96,11 @@ static inline int shms_ring_push(const shms_ring *r, uint32_t owner, uint32_t sl
       taken = (int64_t)(seq - pos) > 0;
     if (taken) {
       uint64_t p = pos;
-      shms_cas(&ctl->enqueue_pos, &p, pos + 1); /* help a producer that stalled */
+      shms_cas(enqueue_pos, &p, pos + 1); /* help a producer that stalled */
       continue;
     }
     /* The cell still holds an entry of an older lap: full, unless pos was stale. */
-    if (shms_load(&ctl->enqueue_pos, memory_order_relaxed) == pos) return SHMS_RING_FULL;
+    if (shms_load(enqueue_pos, memory_order_relaxed) == pos) return SHMS_RING_FULL;
   }
 }
 
@@ -107,7 +116,7 @@ static inline int shms_ring_pop(const shms_ring *r, uint64_t *pos, shms_ring_ent
   shms_ring_cell *c = &r->cells[p & (r->capacity - 1)];
   /* enqueue_pos first: if it was already past p, position p had been claimed by then,
    * so a free seq read afterwards is a forged enqueue_pos, not a race. */
-  uint64_t enq = shms_load(&r->ctl->enqueue_pos, memory_order_acquire);
+  uint64_t enq = shms_load(r->enqueue_pos, memory_order_acquire);
   /* SYNC POINT: acquire pairs with the publishing CAS in shms_ring_push. */
   uint64_t seq = shms_load(&c->seq, memory_order_acquire);
   *head_seq = seq;
@@ -118,7 +127,6 @@ static inline int shms_ring_pop(const shms_ring *r, uint64_t *pos, shms_ring_ent
     /* SYNC POINT: release pairs with the producer's acquire load of seq. */
     shms_store(&c->seq, p + r->capacity, memory_order_release);
     *pos = p + 1;
-    shms_store(&r->ctl->dequeue_pos, p + 1, memory_order_relaxed); /* mirror */
     return SHMS_POP_OK;
   }
   /* Free head: empty, unless enqueue_pos is already past it (then nobody will ever
@@ -139,9 +147,8 @@ static inline int shms_ring_skip(const shms_ring *r, uint64_t *pos, uint64_t hea
   uint64_t expected = head_seq;
   if (!shms_cas(&r->cells[p & (r->capacity - 1)].seq, &expected, p + r->capacity)) return 0;
   uint64_t e = p; /* a skipped claim's owner may not have moved enqueue_pos past it yet */
-  shms_cas(&r->ctl->enqueue_pos, &e, p + 1);
+  shms_cas(r->enqueue_pos, &e, p + 1);
   *pos = p + 1;
-  shms_store(&r->ctl->dequeue_pos, p + 1, memory_order_relaxed); /* mirror */
   return 1;
 }
 
@@ -149,13 +156,13 @@ static inline int shms_ring_skip(const shms_ring *r, uint64_t *pos, uint64_t hea
  * If it is outside (a client wrote it), move it back to the first position at or
  * after pos whose cell is free for it. Returns 1 if it was repaired. */
 static inline int shms_ring_repair(const shms_ring *r, uint64_t pos) {
-  uint64_t enq = shms_load(&r->ctl->enqueue_pos, memory_order_acquire);
+  uint64_t enq = shms_load(r->enqueue_pos, memory_order_acquire);
   if (enq - pos <= r->capacity) return 0;
   uint64_t q = pos;
   while (q < pos + r->capacity &&
          shms_load(&r->cells[q & (r->capacity - 1)].seq, memory_order_acquire) != q)
     q++;
-  return shms_cas(&r->ctl->enqueue_pos, &enq, q) ? 1 : 0;
+  return shms_cas(r->enqueue_pos, &enq, q) ? 1 : 0;
 }
 
 #endif /* SHMS_RING_H */

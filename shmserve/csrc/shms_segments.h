@@ -16,41 +16,47 @@ static inline uint64_t shms_align(uint64_t n, uint64_t a) { return (n + a - 1) /
 #define SHMS_PAGE_BYTES 4096
 #define SHMS_MAX_SEGMENT_BYTES (1ULL << 48) /* geometry beyond this would overflow */
 
-/* Control segment: the block, then the ring at a cache-line boundary. */
-static inline uint64_t shms_control_bytes(uint32_t ring_capacity) {
-  return shms_align(sizeof(shms_control) + (uint64_t)ring_capacity * sizeof(shms_ring_cell),
-                    SHMS_PAGE_BYTES);
+/* Control segment: the block alone, one page. */
+static inline uint64_t shms_control_bytes(void) {
+  return shms_align(sizeof(shms_control), SHMS_PAGE_BYTES);
 }
 
-/* Writes a fresh control block and ring into a zeroed segment of `bytes` bytes.
- * Returns 0, or -1 if the capacity is not a power of two >= 2 or does not fit. */
-static inline int shms_control_init(void *base, uint64_t bytes, uint32_t ring_capacity,
-                                    uint32_t server_pid) {
-  if (ring_capacity < 2 || (ring_capacity & (ring_capacity - 1)) ||
-      shms_control_bytes(ring_capacity) > bytes)
-    return -1;
+/* Bell segment: one page, the doorbell word at offset 0. */
+#define SHMS_BELL_BYTES SHMS_PAGE_BYTES
+
+/* Writes a fresh control block into a zeroed segment of `bytes` bytes. Returns 0, or
+ * -1 if it does not fit. */
+static inline int shms_control_init(void *base, uint64_t bytes, uint32_t server_pid) {
+  if (bytes < sizeof(shms_control)) return -1;
   shms_control *c = (shms_control *)base;
   c->magic = SHMS_MAGIC_CONTROL;
   c->version = SHMS_PROTOCOL_VERSION;
   c->header_bytes = sizeof(shms_control);
-  c->ring_offset = sizeof(shms_control);
-  c->ring_capacity = ring_capacity;
   c->server_pid = server_pid;
   c->segment_bytes = bytes;
-  shms_ring_cell *cells = (shms_ring_cell *)((char *)base + c->ring_offset);
-  for (uint32_t i = 0; i < ring_capacity; i++) /* Vyukov: cell i starts free for position i */
-    shms_store(&cells[i].seq, (uint64_t)i, memory_order_relaxed);
   return 0;
 }
 
-/* Arena geometry: header, slots (cache-line aligned), then tensor data (page aligned). */
+/* A client's submission ring holds at most one entry per slot in flight: a power of
+ * two at least that large, and at least 2. */
+static inline uint32_t shms_ring_capacity_for(uint32_t n_slots) {
+  uint32_t cap = 2;
+  while (cap < n_slots && cap < (1u << 30)) cap <<= 1;
+  return cap;
+}
+
+/* Arena geometry: header, the submission ring's cells, slots (both cache-line
+ * aligned), then tensor data (page aligned). */
 typedef struct shms_arena_geometry {
-  uint64_t slots_offset, data_offset, segment_bytes;
+  uint64_t ring_offset, slots_offset, data_offset, segment_bytes;
+  uint32_t ring_capacity;
 } shms_arena_geometry;
 
 static inline shms_arena_geometry shms_arena_layout(uint32_t n_slots, uint64_t data_bytes) {
   shms_arena_geometry g;
-  g.slots_offset = shms_align(sizeof(shms_arena_header), 64);
+  g.ring_capacity = shms_ring_capacity_for(n_slots);
+  g.ring_offset = shms_align(sizeof(shms_arena_header), 64);
+  g.slots_offset = shms_align(g.ring_offset + (uint64_t)g.ring_capacity * sizeof(shms_ring_cell), 64);
   g.data_offset = shms_align(g.slots_offset + (uint64_t)n_slots * sizeof(shms_slot), SHMS_PAGE_BYTES);
   g.segment_bytes = shms_align(g.data_offset + data_bytes, SHMS_PAGE_BYTES);
   return g;
@@ -67,6 +73,11 @@ static inline void shms_arena_init(void *base, const shms_arena_geometry *g, uin
   h->slots_offset = g->slots_offset;
   h->data_offset = g->data_offset;
   h->segment_bytes = g->segment_bytes;
+  h->ring_offset = g->ring_offset;
+  h->ring_capacity = g->ring_capacity;
+  shms_ring_cell *cells = (shms_ring_cell *)((char *)base + g->ring_offset);
+  for (uint32_t i = 0; i < g->ring_capacity; i++) /* Vyukov: cell i starts free for position i */
+    shms_store(&cells[i].seq, (uint64_t)i, memory_order_relaxed);
 }
 
 /* Server segment geometry: header, client table, model table, shadows, mailboxes. */

@@ -55,28 +55,46 @@ static inline void shms_slot_submit(shms_slot *s, uint32_t gen) {
   shms_store(&s->state, (uint32_t)SHMS_SLOT_SUBMITTED, memory_order_release);
 }
 
-/* Client: one attempt of shms_push_request: pushes (owner, slot, gen) on the ring and
+/* What a client pushes with: its submission ring (in its arena), and what it rings
+ * the batcher with. */
+typedef struct shms_submitter {
+  shms_ring ring;
+  SHMS_ATOMIC(uint32_t) *doorbell;         /* bell.doorbell */
+  SHMS_ATOMIC(uint32_t) *batcher_sleeping; /* control.batcher_sleeping (read-only) */
+  SHMS_ATOMIC(uint32_t) *rang_token;       /* arena.rang_token */
+} shms_submitter;
+
+/* Client: fixes a submitter from its three mappings (the arena already checked by
+ * shms_ring_attach into sub->ring). */
+static inline void shms_submitter_bells(shms_submitter *sub, void *control, void *bell,
+                                        void *arena) {
+  sub->doorbell = &((shms_bell *)bell)->doorbell;
+  sub->batcher_sleeping = &((shms_control *)control)->batcher_sleeping;
+  sub->rang_token = &((shms_arena_header *)arena)->rang_token;
+}
+
+/* Client: one attempt of shms_push_request: pushes (owner, slot, gen) on its ring and
  * rings the batcher. A caller that must not block may try this first, and call
  * shms_push_request (the retries) only when it did not return SHMS_RING_OK. */
-static inline int shms_push_request_once(const shms_ring *r, uint32_t owner, uint32_t slot,
-                                         uint32_t gen) {
-  int rc = shms_ring_push(r, owner, slot, gen);
-  /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait_x on control.doorbell. */
-  shms_doorbell_ring_sole(&r->ctl->doorbell, &r->ctl->batcher_sleeping);
+static inline int shms_push_request_once(const shms_submitter *sub, uint32_t owner,
+                                         uint32_t slot, uint32_t gen) {
+  int rc = shms_ring_push(&sub->ring, owner, slot, gen);
+  /* SYNC POINT: wakes the batcher sleeping in shms_doorbell_wait_x on bell.doorbell. */
+  shms_doorbell_ring_client(sub->doorbell, sub->batcher_sleeping, sub->rang_token);
   return rc;
 }
 
-/* Client: pushes (owner, slot, gen) on the ring and rings the batcher, retrying as
+/* Client: pushes (owner, slot, gen) on its ring and rings the batcher, retrying as
  * docs/protocol.md section 5.1 says. lease_alive(ctx) is asked every
  * SHMS_PUSH_LEASE_CHECK_EVERY skipped pushes; when it returns 0 the push stops.
  * Returns SHMS_RING_OK, SHMS_RING_FULL (still full after the wait),
  * SHMS_RING_RECLAIMED (skipped SHMS_PUSH_MAX_TRIES times), or -1 (lease ended). */
-static inline int shms_push_request(const shms_ring *r, uint32_t owner, uint32_t slot,
+static inline int shms_push_request(const shms_submitter *sub, uint32_t owner, uint32_t slot,
                                     uint32_t gen, int (*lease_alive)(void *), void *ctx) {
   uint64_t full_since = 0;
   int rc = SHMS_RING_FULL;
   for (int attempt = 0; attempt < SHMS_PUSH_MAX_TRIES; attempt++) {
-    rc = shms_push_request_once(r, owner, slot, gen);
+    rc = shms_push_request_once(sub, owner, slot, gen);
     if (rc == SHMS_RING_OK) return rc;
     if (rc == SHMS_RING_RECLAIMED && attempt % SHMS_PUSH_LEASE_CHECK_EVERY ==
                                          SHMS_PUSH_LEASE_CHECK_EVERY - 1 &&

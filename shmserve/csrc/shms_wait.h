@@ -76,6 +76,31 @@ static inline void shms_doorbell_ring_sole(SHMS_ATOMIC(uint32_t) * word,
   }
 }
 
+/* A client rings the batcher (docs/protocol.md section 8, "Client: pushing"). The
+ * sleep token is in the control block, which clients map read-only, so a client
+ * cannot clear it for others; instead each client keeps the last token it woke in
+ * its own arena (rang): the first ring of a client after the batcher fell asleep
+ * moves the word once more and wakes it, the others of that client's burst find
+ * the token theirs already and make no system call.
+ * SYNC POINT: pairs with shms_doorbell_wait_x, as shms_doorbell_ring_sole: a ringer
+ * that read token T of a sleep moves the word after that sleep stored T, hence after
+ * it read its `seen`, which ends it; a ringer that finds T already its own follows
+ * one of its client's that did that (or is about to), and the batcher reads the
+ * word after this ringer's first move before it sleeps again. Tokens differ from one
+ * sleep to the next, so an old `rang` never silences a new sleep. */
+static inline void shms_doorbell_ring_client(SHMS_ATOMIC(uint32_t) * word,
+                                             SHMS_ATOMIC(uint32_t) * sleeping,
+                                             SHMS_ATOMIC(uint32_t) * rang) {
+  shms_fetch_add(word, 1u, memory_order_seq_cst);
+  uint32_t token = shms_load(sleeping, memory_order_seq_cst);
+  if (!token) return;
+  uint32_t mine = shms_load(rang, memory_order_relaxed);
+  if (mine != token && shms_cas(rang, &mine, token)) {
+    shms_fetch_add(word, 1u, memory_order_seq_cst);
+    shms_futex_wake(word, 1);
+  }
+}
+
 /* A yield that kept us off the CPU longer than this: another runnable process had it
  * (on a quiet core sched_yield returns in about a microsecond; with a CPU-bound
  * neighbour it gives away a scheduler slice, a millisecond or more). Spinning then
