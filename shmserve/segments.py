@@ -64,8 +64,9 @@ class Segment:
     (a segment the coordinator created), else None."""
 
     @classmethod
-    def from_fd(cls, fd: int, size: int, name: str) -> "Segment":
-        """Maps size bytes of an open descriptor (which the caller keeps or closes).
+    def from_fd(cls, fd: int, size: int, name: str, readonly: bool = False) -> "Segment":
+        """Maps size bytes of an open descriptor (which the caller keeps or closes),
+        read-only if told (a client's control block: its descriptor is O_RDONLY).
         Refuses a file that is shorter, or whose size is not sealed (a peer could
         shrink it under us)."""
         st = os.fstat(fd)
@@ -74,7 +75,7 @@ class Segment:
         if fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SIZE_SEALS != SIZE_SEALS:
             raise ValueError(f"segment {name} is not sealed against resizing")
         seg = cls.__new__(cls)
-        seg._map(name, fd, size)
+        seg._map(name, fd, size, readonly)
         seg.fd = None
         return seg
 
@@ -88,10 +89,10 @@ class Segment:
         finally:
             os.close(fd)
 
-    def _map(self, name: str, fd: int, size: int) -> None:
+    def _map(self, name: str, fd: int, size: int, readonly: bool = False) -> None:
         self.name = name
         self.size = size
-        self.mmap = mmap.mmap(fd, size)
+        self.mmap = mmap.mmap(fd, size, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_DEFAULT)
         self.ops = _core.Mapping(self.mmap)
         self.buffer = memoryview(self.mmap)
 

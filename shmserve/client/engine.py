@@ -112,19 +112,22 @@ class Engine:
         self._sock_lock = threading.Lock()
         try:
             hello, fds = self.call(P.Hello(P.PROTOCOL_VERSION, os.getpid(), arena_bytes or 0),
-                                   _fds=2)
+                                   _fds=3)
         except BaseException:
             self._sock.close()  # no lease: the server ends it with the connection
             raise
         self.client_id = hello.client_id
         self.server_pid = hello.server_pid
         self._spin_ns = int((SPIN_US if spin_us is None else spin_us) * 1000)
-        try:  # the arena's and the control segment's sealed memfds came with the reply
-            if len(fds) != 2:
-                raise errors.ShmServeError(f"hello reply carried {len(fds)} descriptors, not 2 "
-                                           "(arena, control)", P.Status.INTERNAL)
+        try:  # the arena's, the control block's and the bell's sealed memfds came with it
+            if len(fds) != 3:
+                raise errors.ShmServeError(f"hello reply carried {len(fds)} descriptors, not 3 "
+                                           "(arena, control, bell)", P.Status.INTERNAL)
             self._arena = Segment.from_fd(fds[0], hello.arena_bytes, f"arena of lease {self.client_id}")
-            self._control = Segment.from_fd(fds[1], hello.control_bytes, "control segment")
+            # read-only: the control block is the server's (its descriptor is O_RDONLY)
+            self._control = Segment.from_fd(fds[1], hello.control_bytes, "control segment",
+                                            readonly=True)
+            self._bell = Segment.from_fd(fds[2], hello.bell_bytes, "bell segment")
         finally:
             for fd in fds:
                 os.close(fd)  # the mappings keep the memory
@@ -135,15 +138,15 @@ class Engine:
                 raise errors.ShmServeError(f"{seg.name}: {e}", P.Status.INVALID_ARG) from None
         self._ctl, self._ops = self._control.ops, self._arena.ops
         try:
-            self._ring = P.Ring(self._ctl)
+            self._ring = P.Ring(self._ops)  # this client's submission ring, in its arena
         except ValueError as e:
-            raise errors.ShmServeError(f"segment {self._control.name}: {e}", P.Status.INVALID_ARG) from None
+            raise errors.ShmServeError(f"segment {self._arena.name}: {e}", P.Status.INVALID_ARG) from None
         self._slots_offset = hello.slots_offset
         self._alloc = ArenaAllocator(hello.data_offset, hello.arena_bytes)
         self._py_inputs = {"inputs_copied": 0, "inputs_adopted": 0}  # the Python path's counts
         # The slot table (requests in flight, orphans), the spin policy and the C path.
-        self._core = ClientCore(self._ops, self._arena.mmap, self._ctl, self._ring.offset,
-                                self._ring.capacity, self.client_id, hello.slots_offset,
+        self._core = ClientCore(self._ops, self._arena.mmap, self._ctl, self._bell.ops,
+                                self.client_id, hello.slots_offset,
                                 hello.n_slots, self._alloc, self._spin_ns,
                                 MAX_SPIN_US * 1000 if self._spin_ns else 0, WAIT_SLICE_NS,
                                 _C_TYPES)
@@ -519,7 +522,8 @@ class Engine:
             self._core.release_slot(slot)  # than MAX_DIMS, a CUDA error recording the event
             raise errors.InvalidArgumentError(f"model '{req.plan.name}': {e}") from None
         try:
-            rc = self._ring.push_request(self.client_id, slot, gen, self.check_server)
+            rc = self._ring.push_request(self._ctl, self._bell.ops, self.client_id, slot, gen,
+                                         self.check_server)
         except errors.ServerDeadError:
             rc = -1
         # The slot goes back to FREE only if the batcher has not taken it meanwhile
@@ -845,6 +849,7 @@ class Engine:
             self._sock.close()
         finally:
             self._control.close()
+            self._bell.close()
             self._arena.close()
 
     def __del__(self):

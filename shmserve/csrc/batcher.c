@@ -1,7 +1,8 @@
 /*
  * batcher.c — shmserve._core.BatcherCore: the batcher's per-request work on the common
  * path in one C call each way (docs/architecture.md, "The batcher's hot path in C").
- * drain() pops the request ring, finds each entry's lease and mapped arena, claims,
+ * drain() pops the live leases' submission rings in turn (each in its client's own
+ * arena), claims,
  * copies and validates the request (shms_take_request) and builds its queue entry
  * (scheduling.Pending); hand_over() stamps a batch's requests, records their queue
  * time and assigns the batch to a worker's mailbox. The common policy has its queue in
@@ -9,7 +10,7 @@
  * object, dispatch() hands its batches over, and serve() runs the whole loop (sleep,
  * drain, dispatch) while every request is C's. Python keeps the other policies and
  * everything rare (server/intake.py): an arena to map, an invalid request to answer,
- * a stalled or damaged ring head, parameters and sequence ids to decode, a draining
+ * a stalled or damaged ring head or enqueue_pos, parameters and sequence ids to decode, a draining
  * server. The procedures are shmserve.h's.
  */
 #include "core.h"
@@ -45,45 +46,49 @@ typedef struct {
 
 typedef struct {
   PyObject_HEAD
-  Mapping *ctl, *server;
+  Mapping *ctl, *bell, *server;
   PyObject *pending_type; /* scheduling.Pending */
-  uint64_t ring_offset, capacity;
-  uint32_t n_models;
+  uint64_t ring_offset, capacity; /* every arena's ring: the server's own geometry */
+  uint32_t max_clients, n_models;
   direct_model *direct;   /* [n_models] */
   core_model *queued;     /* [n_models] */
   uint32_t *pass_count;   /* [n_models]: requests of each model taken by this drain() */
   uint8_t *to_python;     /* [n_models]: a request of it went to Python in this drain() */
-  taken_request *taken;   /* [capacity] */
+  taken_request *taken;   /* [max_clients * capacity] */
 } BatcherCore;
 
 static PyObject *s_arena, *s_ops, *s_shadow, *s_slot_off, *s_arrived_ns; /* interned names */
 
-/* BatcherCore(control, server, ring_offset, capacity, pending_type) */
+/* BatcherCore(control, bell, server, pending_type) */
 static int batcher_init(BatcherCore *self, PyObject *args, PyObject *kw) {
-  Mapping *ctl, *server;
-  unsigned long long off, cap;
+  Mapping *ctl, *bell, *server;
   PyObject *pending_type;
-  if (!PyArg_ParseTuple(args, "O!O!KKO", &MappingType, &ctl, &MappingType, &server, &off, &cap,
-                        &pending_type))
+  if (!PyArg_ParseTuple(args, "O!O!O!O", &MappingType, &ctl, &MappingType, &bell, &MappingType,
+                        &server, &pending_type))
     return -1;
-  shms_ring r;
-  if (shms_py_ring_view(ctl, off, cap, &r) < 0 ||
+  if (!shms_py_at(ctl, 0, sizeof(shms_control), 64) || !shms_py_at(bell, 0, sizeof(shms_bell), 64) ||
       !shms_py_at(server, 0, sizeof(shms_server_header), 8))
     return -1;
+  const shms_server_header *sh = (const shms_server_header *)server->base;
+  shms_arena_geometry g = shms_arena_layout(sh->slots_per_client, 0);
+  uint64_t cap = g.ring_capacity;
   Py_INCREF(ctl);
   Py_XSETREF(self->ctl, ctl);
+  Py_INCREF(bell);
+  Py_XSETREF(self->bell, bell);
   Py_INCREF(server);
   Py_XSETREF(self->server, server);
   Py_INCREF(pending_type);
   Py_XSETREF(self->pending_type, pending_type);
-  self->ring_offset = off;
+  self->ring_offset = g.ring_offset;
   self->capacity = cap;
-  self->n_models = ((shms_server_header *)server->base)->n_models;
+  self->max_clients = sh->max_clients;
+  self->n_models = sh->n_models;
   self->direct = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(direct_model));
   self->queued = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(core_model));
   self->pass_count = PyMem_Calloc(self->n_models ? self->n_models : 1, sizeof(uint32_t));
   self->to_python = PyMem_Calloc(self->n_models ? self->n_models : 1, 1);
-  self->taken = PyMem_Calloc(cap, sizeof(taken_request));
+  self->taken = PyMem_Calloc((self->max_clients ? self->max_clients : 1) * cap, sizeof(taken_request));
   if (!self->direct || !self->queued || !self->pass_count || !self->to_python || !self->taken) {
     PyErr_NoMemory();
     return -1;
@@ -110,6 +115,7 @@ static void batcher_dealloc(BatcherCore *self) {
   PyMem_Free(self->to_python);
   PyMem_Free(self->taken);
   Py_XDECREF(self->ctl);
+  Py_XDECREF(self->bell);
   Py_XDECREF(self->server);
   Py_XDECREF(self->pending_type);
   Py_TYPE(self)->tp_free((PyObject *)self);
@@ -137,7 +143,7 @@ static PyObject *mapped_arena(PyObject *arenas, uint32_t client_id, uint32_t lea
   return seg;
 }
 
-enum { STOP_POP = 0, STOP_ENTRY = 1, STOP_INVALID = 2 };
+enum { STOP_POP = 0, STOP_MAP = 1, STOP_INVALID = 2, STOP_RING = 3 };
 
 /* Mailbox offsets from a sequence of ints, each checked, into *out (reallocated). */
 static int mailbox_offsets(BatcherCore *self, PyObject *mailboxes, uint64_t **out, uint32_t *n_out) {
@@ -253,94 +259,117 @@ static void forget_taken(BatcherCore *self, uint32_t n_taken) {
   }
 }
 
-/* drain(pos, arenas) -> (pos, [(model_id, Pending, extra)], stop)
- * Takes every published entry from ring position pos on. A valid request of a direct
+/* drain(start, count, arenas) -> (visited, [(model_id, Pending, extra)], stop, consumed)
+ * Takes every published entry of the submission rings of the live leases start,
+ * start + 1, ... (count of them, modulo max_clients), each ring from its position in
+ * the server's client table (ring_pos, saved as it goes). A valid request of a direct
  * model (set_direct) that is the only one of its model in this call, with no options
  * for Python to check, goes straight to the model's first idle instance, as its
  * policy would send it. Every other valid request becomes (model_id, Pending,
  * extra): extra is None on the common path, else (parameters_offset,
  * parameters_bytes, flags, sequence_id, sequence_id_offset, sequence_id_bytes, late)
  * for Python to check (late: pushed once the server began to stop). It stops at the
- * first thing only Python handles, returned as stop (None: the ring is empty):
- *   (STOP_POP, kind, a, b): ring_pop's (kind, a, b, 0) for a stalled or damaged head;
- *   (STOP_ENTRY, client_id, slot, generation): taken from the ring, its arena is not
- *     mapped here yet: Python maps it and takes the request (Intake.take);
+ * first thing only Python handles, in ring start + visited, returned as stop (None:
+ * every ring visited):
+ *   (STOP_POP, client_id, kind, head_seq): ring_pop's stalled claim or damaged head;
+ *   (STOP_MAP, client_id): a live lease whose arena is not mapped here yet;
+ *   (STOP_RING, client_id): its enqueue_pos is outside the ring (Python repairs it);
  *   (STOP_INVALID, client_id, slot, generation, status, message, lease): claimed and
  *     refused, for Python to answer.
- * Entries naming no client, a slot out of range or an ended lease are dropped (nobody
- * to answer), as are stale and duplicate ones. */
-static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObject **items_out,
-                      PyObject **stop_out) {
-  shms_ring r;
-  if (shms_py_ring_view(self->ctl, self->ring_offset, self->capacity, &r) < 0) return -1;
+ * Entries naming another client (a ring is its client's alone), a slot out of range
+ * or an ended lease are dropped, as are stale and duplicate ones: the sweep answers
+ * a SUBMITTED request whose entry was lost. */
+static int drain_rings(BatcherCore *self, uint32_t start, uint32_t count, PyObject *arenas,
+                       uint32_t *visited_out, PyObject **items_out, PyObject **stop_out,
+                       uint64_t *consumed_out) {
   if (!shms_py_at(self->server, 0, sizeof(shms_server_header), 8)) return -1;
   shms_server_header *h = (shms_server_header *)self->server->base;
-  if (h->n_models != self->n_models) {
-    PyErr_Format(PyExc_ValueError, "the server header's model count changed");
+  if (h->n_models != self->n_models || h->max_clients != self->max_clients) {
+    PyErr_Format(PyExc_ValueError, "the server header's model or client count changed");
     return -1;
   }
   shms_model_entry *models = (shms_model_entry *)shms_py_at(
       self->server, h->models_offset, (uint64_t)h->n_models * sizeof(shms_model_entry), 8);
-  if (!models) return -1;
-  const uint64_t slots_offset = shms_arena_layout(h->slots_per_client, 0).slots_offset;
-  const uint64_t data_offset = shms_arena_layout(h->slots_per_client, 0).data_offset;
+  shms_client_entry *clients = (shms_client_entry *)shms_py_at(
+      self->server, h->clients_offset, (uint64_t)h->max_clients * sizeof(shms_client_entry), 8);
+  if (!models || !clients) return -1;
+  const shms_arena_geometry geo = shms_arena_layout(h->slots_per_client, 0);
+  const uint64_t slots_offset = geo.slots_offset, data_offset = geo.data_offset;
   /* SYNC POINT: pairs with the coordinator's store of drain_since_ns (drain()). */
   const uint64_t drain_since = shms_load(&h->drain_since_ns, memory_order_seq_cst);
   PyObject *items = NULL, *stop = NULL;
-  uint64_t p = *pos;
-  uint32_t n_taken = 0;
-  /* 1. take: claim, copy and validate every published request */
-  for (uint64_t n = 0; n < self->capacity; n++) {
-    shms_ring_entry e;
-    uint32_t owner = 0;
-    uint64_t head_seq = 0;
-    int k = shms_ring_pop(&r, &p, &e, &owner, &head_seq);
-    if (k == SHMS_POP_EMPTY) break;
-    if (k != SHMS_POP_OK) {
-      stop = Py_BuildValue("(iiIK)", STOP_POP, k, owner, (unsigned long long)head_seq);
-      break;
-    }
-    if (e.client_id >= h->max_clients || e.slot >= h->slots_per_client) continue;
-    shms_client_entry *ce = (shms_client_entry *)shms_py_at(
-        self->server, h->clients_offset + (uint64_t)e.client_id * sizeof(shms_client_entry),
-        sizeof(shms_client_entry), 8);
-    if (!ce) goto fail;
+  uint32_t n_taken = 0, visited = 0;
+  uint64_t consumed = 0;
+  if (count > self->max_clients) count = self->max_clients;
+  /* 1. take: claim, copy and validate every published request, ring by ring */
+  for (; visited < count && !stop; visited++) {
+    const uint32_t c = (uint32_t)(((uint64_t)start + visited) % self->max_clients);
+    shms_client_entry *ce = &clients[c];
     /* SYNC POINT: as ServerMaps.lease_of: the seq_cst load of the state pairs with the
      * coordinator's store of ALIVE (write_client_entry) and of DEAD. */
     if (shms_load(&ce->state, memory_order_seq_cst) != SHMS_CLIENT_ALIVE) continue;
     uint32_t lease = __atomic_load_n(&ce->generation, __ATOMIC_RELAXED);
     Mapping *arena = NULL;
-    PyObject *seg = mapped_arena(arenas, e.client_id, lease, &arena);
+    PyObject *seg = mapped_arena(arenas, c, lease, &arena);
     if (!seg) {
       if (PyErr_Occurred()) goto fail;
-      stop = Py_BuildValue("(iIII)", STOP_ENTRY, e.client_id, e.slot, e.generation);
+      stop = Py_BuildValue("(iI)", STOP_MAP, c);
       break;
     }
-    uint64_t slot_off = slots_offset + (uint64_t)e.slot * sizeof(shms_slot);
-    shms_slot *s = (shms_slot *)shms_py_at(arena, slot_off, sizeof(shms_slot), 8);
-    uint32_t shadow_index = e.client_id * h->slots_per_client + e.slot;
-    shms_shadow *sh = (shms_shadow *)shms_py_at(
-        self->server, h->shadows_offset + (uint64_t)shadow_index * sizeof(shms_shadow),
-        sizeof(shms_shadow), 8);
-    if (!s || !sh) goto fail;
-    char err[SHMS_ERROR_BYTES];
-    int st = shms_take_request(s, e.generation, sh, e.client_id, e.slot, lease, models,
-                               h->n_models, data_offset, arena->size, NULL, err, sizeof err);
-    if (st == SHMS_TAKE_STALE) continue;
-    if (st != SHMS_OK) {
-      stop = Py_BuildValue("(iIIIisI)", STOP_INVALID, e.client_id, e.slot, e.generation, st, err,
-                           lease);
+    shms_ring r;
+    if (shms_py_ring_view(arena, self->ring_offset, self->capacity, &r) < 0) goto fail;
+    const uint64_t p0 = shms_load(&ce->ring_pos, memory_order_relaxed);
+    uint64_t p = p0;
+    if (shms_load(r.enqueue_pos, memory_order_acquire) - p > r.capacity) {
+      stop = Py_BuildValue("(iI)", STOP_RING, c);
       break;
     }
-    taken_request *t = &self->taken[n_taken++];
-    t->seg = Py_NewRef(seg);
-    t->slot_off = slot_off;
-    t->shadow = shadow_index;
-    t->generation = e.generation;
-    t->client_id = e.client_id;
-    t->late = drain_since && s->t_ns[SHMS_T_ENQUEUE] >= drain_since;
-    t->model_id = sh->request.model_id; /* < n_models: validated */
-    self->pass_count[t->model_id]++;
+    int failed = 0;
+    for (uint64_t n = 0; n < self->capacity; n++) {
+      shms_ring_entry e;
+      uint32_t owner = 0;
+      uint64_t head_seq = 0;
+      int k = shms_ring_pop(&r, &p, &e, &owner, &head_seq);
+      if (k == SHMS_POP_EMPTY) break;
+      if (k != SHMS_POP_OK) {
+        stop = Py_BuildValue("(iIiK)", STOP_POP, c, k, (unsigned long long)head_seq);
+        break;
+      }
+      if (e.client_id != c || e.slot >= h->slots_per_client) continue;
+      uint64_t slot_off = slots_offset + (uint64_t)e.slot * sizeof(shms_slot);
+      shms_slot *s = (shms_slot *)shms_py_at(arena, slot_off, sizeof(shms_slot), 8);
+      uint32_t shadow_index = c * h->slots_per_client + e.slot;
+      shms_shadow *sh = (shms_shadow *)shms_py_at(
+          self->server, h->shadows_offset + (uint64_t)shadow_index * sizeof(shms_shadow),
+          sizeof(shms_shadow), 8);
+      if (!s || !sh) {
+        failed = 1;
+        break;
+      }
+      char err[SHMS_ERROR_BYTES];
+      int st = shms_take_request(s, e.generation, sh, c, e.slot, lease, models, h->n_models,
+                                 data_offset, arena->size, NULL, err, sizeof err);
+      if (st == SHMS_TAKE_STALE) continue;
+      if (st != SHMS_OK) {
+        stop = Py_BuildValue("(iIIIisI)", STOP_INVALID, c, e.slot, e.generation, st, err, lease);
+        break;
+      }
+      taken_request *t = &self->taken[n_taken++];
+      t->seg = Py_NewRef(seg);
+      t->slot_off = slot_off;
+      t->shadow = shadow_index;
+      t->generation = e.generation;
+      t->client_id = c;
+      t->late = drain_since && s->t_ns[SHMS_T_ENQUEUE] >= drain_since;
+      t->model_id = sh->request.model_id; /* < n_models: validated */
+      self->pass_count[t->model_id]++;
+    }
+    if (p != p0) { /* saved before anything else: the entries are taken */
+      shms_store(&ce->ring_pos, p, memory_order_relaxed);
+      consumed += p - p0;
+    }
+    if (failed || (stop == NULL && PyErr_Occurred())) goto fail;
+    if (stop) break;
   }
   /* 2. hand lone requests of direct models over; queue entries for the rest. The
    * shadows are the server's own copies: nothing a client writes changes them now. */
@@ -412,9 +441,10 @@ static int drain_ring(BatcherCore *self, uint64_t *pos, PyObject *arenas, PyObje
     if (PyErr_Occurred()) goto fail;
     stop = Py_NewRef(Py_None);
   }
-  *pos = p;
+  *visited_out = visited;
   *items_out = items;
   *stop_out = stop;
+  *consumed_out = consumed;
   return 0;
 fail:
   /* The requests taken stay QUEUED in their slots: the sweep finds none of them (it
@@ -427,12 +457,13 @@ fail:
 }
 
 static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
-  unsigned long long pos;
+  unsigned int start, count;
   PyObject *arenas, *items, *stop;
-  if (!PyArg_ParseTuple(args, "KO!", &pos, &PyDict_Type, &arenas)) return NULL;
-  uint64_t p = pos;
-  if (drain_ring(self, &p, arenas, &items, &stop) < 0) return NULL;
-  return Py_BuildValue("(KNN)", (unsigned long long)p, items, stop);
+  if (!PyArg_ParseTuple(args, "IIO!", &start, &count, &PyDict_Type, &arenas)) return NULL;
+  uint32_t visited;
+  uint64_t consumed;
+  if (drain_rings(self, start, count, arenas, &visited, &items, &stop, &consumed) < 0) return NULL;
+  return Py_BuildValue("(INNK)", visited, items, stop, (unsigned long long)consumed);
 }
 
 /* The shadows of a batch's Pendings, each stamped BATCHED with its queue time recorded
@@ -721,14 +752,14 @@ enum {
   SERVE_IDLE = 3,      /* an idle check's sleep ended with nothing to do */
   SERVE_LOST_RING = 4, /* a sleep ran its whole course: a push did not wake us */
   SERVE_TABLE = 5,     /* the model table changed */
-  SERVE_RING = 6,      /* enqueue_pos is outside the ring: Python repairs it */
   SERVE_NOT_READY = 7, /* a model with requests queued here is not ready */
 };
 
-/* serve(pos, arenas, seen, deadline, until_ns, woken_until_ns, epoch, spin, idle_check_ns,
- *       states) -> (pos, why, items, stop, handed, consumed)
+/* serve(rotor, arenas, seen, deadline, until_ns, woken_until_ns, epoch, spin, idle_check_ns,
+ *       states) -> (rotor, why, items, stop, handed, consumed, start, left)
  * The batcher's loop (batcher.py's serve_forever) while every request is C's: sleep
- * until rung or the deadline, take the ring (drain_ring), hand batches over
+ * until rung or the deadline, take the rings (drain_rings, from ring `rotor` on, one
+ * further each pass), hand batches over
  * (dispatch_model per queued model), and again, with no Python per pass. Python
  * calls it after a pass of its own found nothing of its own to do (no request in a
  * Python queue, no defence on, no stalled claim, no damage, no drain), with that
@@ -736,12 +767,13 @@ enum {
  * anything is Python's, at until_ns (its sweep), and on the first wake-up from
  * woken_until_ns on (its timers that only matter when something happens: retired
  * instances, the doorbell's noise window). states: every mailbox's state offset (spin only while
- * no worker computes). items and stop: drain()'s, for Python to finish. */
+ * no worker computes). items and stop: drain()'s, for Python to finish, and the
+ * rings that drain did not visit: `left` of them from `start` on. */
 static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
-  unsigned long long pos, until, woken_until, idle_check;
-  unsigned int seen, epoch;
+  unsigned long long until, woken_until, idle_check;
+  unsigned int rotor, seen, epoch;
   PyObject *arenas, *deadline_obj, *spin, *states;
-  if (!PyArg_ParseTuple(args, "KO!IOKKIOKO!", &pos, &PyDict_Type, &arenas, &seen, &deadline_obj,
+  if (!PyArg_ParseTuple(args, "IO!IOKKIOKO!", &rotor, &PyDict_Type, &arenas, &seen, &deadline_obj,
                         &until, &woken_until, &epoch, &spin, &idle_check, &PyTuple_Type,
                         &states))
     return NULL;
@@ -753,10 +785,12 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
   Spin *policy = Py_TYPE(spin) == &SpinType ? (Spin *)spin : NULL;
   long long spin_ns = 0;
   if (!policy && (spin_ns = PyLong_AsLongLong(spin)) == -1 && PyErr_Occurred()) return NULL;
-  shms_ring r;
-  if (shms_py_ring_view(self->ctl, self->ring_offset, self->capacity, &r) < 0 ||
+  if (!shms_py_at(self->ctl, 0, sizeof(shms_control), 64) ||
+      !shms_py_at(self->bell, 0, sizeof(shms_bell), 64) ||
       !shms_py_at(self->server, 0, sizeof(shms_server_header), 8))
     return NULL;
+  shms_control *ctl = (shms_control *)self->ctl->base;
+  SHMS_ATOMIC(uint32_t) *doorbell = &((shms_bell *)self->bell->base)->doorbell;
   shms_server_header *h = (shms_server_header *)self->server->base;
   Py_ssize_t n_states = PyTuple_GET_SIZE(states);
   SHMS_ATOMIC(uint32_t) *state[n_states ? n_states : 1];
@@ -765,7 +799,8 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
     if (off == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     if (!(state[i] = (SHMS_ATOMIC(uint32_t) *)shms_py_at(self->server, off, 4, 4))) return NULL;
   }
-  uint64_t p = pos, start = pos;
+  uint64_t consumed = 0;
+  uint32_t start = 0, left = 0;
   int why = 0, handed = 0;
   PyObject *items = NULL, *stop = NULL;
   Py_INCREF(spin); /* the settings thread may change the policy while we wait */
@@ -790,15 +825,17 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
     int woke;
     uint32_t token = shms_py_sleep_token(); /* this sleep's (shms_doorbell_ring_sole) */
     shms_py_enter(self->ctl);
+    shms_py_enter(self->bell);
     Py_BEGIN_ALLOW_THREADS
     /* SYNC POINT: as batcher.py's wait: clients (ring_push + doorbell_ring) and
      * workers (idle) ring us; sole: we are the doorbell's one sleeper. */
     woke = policy && !busy
-               ? shms_spin_wait(&policy->spin, &r.ctl->doorbell, &r.ctl->batcher_sleeping, seen,
+               ? shms_spin_wait(&policy->spin, doorbell, &ctl->batcher_sleeping, seen,
                                 (int64_t)timeout, token)
-               : shms_doorbell_wait_x(&r.ctl->doorbell, &r.ctl->batcher_sleeping, seen,
+               : shms_doorbell_wait_x(doorbell, &ctl->batcher_sleeping, seen,
                                       busy ? 0 : spin_ns, (int64_t)timeout, NULL, token);
     Py_END_ALLOW_THREADS
+    shms_py_leave(self->bell);
     shms_py_leave(self->ctl);
     if (woke > 0 && woke < 3) shms_fetch_add(&h->batcher_wakeups[woke], 1, memory_order_relaxed);
     if (PyErr_CheckSignals() < 0) goto fail; /* as Python's loop: a handler may raise */
@@ -815,20 +852,22 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
       why = SERVE_TIME;
       break;
     }
-    /* 0.-3. a pass: the table, the ring, the batches */
-    seen = shms_load(&r.ctl->doorbell, memory_order_seq_cst);
+    /* 0.-3. a pass: the table, the rings, the batches */
+    seen = shms_load(doorbell, memory_order_seq_cst);
     if (shms_load(&h->table_epoch, memory_order_seq_cst) != epoch) {
       why = SERVE_TABLE;
       break;
     }
-    if (shms_load(&r.ctl->enqueue_pos, memory_order_acquire) - p > r.capacity) {
-      why = SERVE_RING;
-      break;
-    }
-    uint64_t before = p;
-    if (drain_ring(self, &p, arenas, &items, &stop) < 0) goto fail;
-    if (p != before) shms_store(&h->ring_pos, p, memory_order_relaxed);
+    uint32_t visited;
+    uint64_t took;
+    start = rotor % (self->max_clients ? self->max_clients : 1);
+    rotor = start + 1; /* fair: each pass begins one ring further */
+    if (drain_rings(self, start, self->max_clients, arenas, &visited, &items, &stop, &took) < 0)
+      goto fail;
+    consumed += took;
     if (PyList_GET_SIZE(items) || stop != Py_None) {
+      start += visited;
+      left = self->max_clients - visited;
       why = SERVE_DRAINED;
       break;
     }
@@ -856,8 +895,8 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
   Py_DECREF(spin);
   if (!items) items = PyList_New(0);
   if (!stop) stop = Py_NewRef(Py_None);
-  return Py_BuildValue("(KiNNiK)", (unsigned long long)p, why, items, stop, handed,
-                       (unsigned long long)(p - start));
+  return Py_BuildValue("(IiNNiKII)", rotor, why, items, stop, handed,
+                       (unsigned long long)consumed, start, left);
 fail:
   Py_DECREF(spin);
   Py_XDECREF(items);
@@ -867,8 +906,8 @@ fail:
 
 static PyMethodDef batcher_methods[] = {
     {"drain", (PyCFunction)batcher_drain, METH_VARARGS,
-     "drain(pos, arenas) -> (pos, [(model_id, Pending, extra)], stop): take the published "
-     "requests (see csrc/batcher.c)."},
+     "drain(start, count, arenas) -> (visited, [(model_id, Pending, extra)], stop, consumed): "
+     "take the published requests of the live leases' rings (see csrc/batcher.c)."},
     {"set_queue", (PyCFunction)batcher_set_queue, METH_VARARGS,
      "set_queue(model_id, queue or None, mailboxes, model_off, overlap): the model's queue "
      "is C's: drain() fills it, dispatch() empties it."},
@@ -876,9 +915,9 @@ static PyMethodDef batcher_methods[] = {
      "dispatch(model_id, now_ns) -> (deadline or None, batches handed over): batches of a "
      "model whose queue is C's."},
     {"serve", (PyCFunction)batcher_serve, METH_VARARGS,
-     "serve(pos, arenas, seen, deadline, until_ns, woken_until_ns, epoch, spin, idle_check_ns, "
-     "states) -> "
-     "(pos, why, items, stop, handed, consumed): the loop while every request is C's."},
+     "serve(rotor, arenas, seen, deadline, until_ns, woken_until_ns, epoch, spin, idle_check_ns, "
+     "states) -> (rotor, why, items, stop, handed, consumed, start, left): the loop while "
+     "every request is C's."},
     {"set_direct", (PyCFunction)batcher_set_direct, METH_VARARGS,
      "set_direct(model_id, mailboxes or None): lone requests skip the scheduler."},
     {"hand_over", (PyCFunction)batcher_hand_over, METH_VARARGS,

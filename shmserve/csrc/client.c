@@ -320,25 +320,25 @@ static PyObject *core_counts(ClientCore *self, void *c) {
 
 /* ---------------------------------------------------------------- the type */
 
-/* ClientCore(arena, arena_buffer, control, ring_offset, ring_capacity, client_id,
- *            slots_offset, n_slots, allocator, spin_ns, max_spin_ns, wait_slice_ns, types)
- * arena, control: the lease's Mappings; arena_buffer: the arena's mmap (blocks export
+/* ClientCore(arena, arena_buffer, control, bell, client_id, slots_offset, n_slots,
+ *            allocator, spin_ns, max_spin_ns, wait_slice_ns, types)
+ * arena, control, bell: the lease's Mappings; arena_buffer: the arena's mmap (blocks export
  * it); allocator: the ArenaAllocator of its data area; types: (numpy.ndarray,
  * InferResult, ServerTimeoutError, ServerDeadError, ((input dtype, code), ...),
  * (numpy dtype or None by code, ...)). */
 static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
-  Mapping *arena, *control;
+  Mapping *arena, *control, *bell;
   PyObject *arena_buffer, *types;
   ArenaAllocator *alloc;
-  unsigned long long ring_off, ring_cap, slots_offset;
+  unsigned long long slots_offset;
   unsigned int client_id, n_slots;
   long long spin_ns, max_spin_ns, slice_ns;
   if (self->slots) {
     PyErr_SetString(PyExc_TypeError, "ClientCore is initialized once");
     return -1;
   }
-  if (!PyArg_ParseTuple(args, "O!OO!KKIKIO!LLLO!", &MappingType, &arena, &arena_buffer,
-                        &MappingType, &control, &ring_off, &ring_cap, &client_id, &slots_offset,
+  if (!PyArg_ParseTuple(args, "O!OO!O!IKIO!LLLO!", &MappingType, &arena, &arena_buffer,
+                        &MappingType, &control, &MappingType, &bell, &client_id, &slots_offset,
                         &n_slots, &ArenaAllocatorType, &alloc, &spin_ns, &max_spin_ns, &slice_ns,
                         &PyTuple_Type, &types))
     return -1;
@@ -368,8 +368,14 @@ static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
   /* The geometry the hello reply announced, checked once against the mapping. */
   if (!shms_py_at(arena, 0, sizeof(shms_arena_header), 64) ||
       !shms_py_at(arena, slots_offset, (uint64_t)n_slots * sizeof(shms_slot), 64) ||
-      shms_py_ring_view(control, ring_off, ring_cap, &self->ring) < 0)
+      !shms_py_at(control, 0, sizeof(shms_control), 64) ||
+      !shms_py_at(bell, 0, sizeof(shms_bell), 64))
     return -1;
+  if (shms_ring_attach(&self->sub.ring, arena->base, arena->size) != 0) {
+    PyErr_SetString(PyExc_ValueError, "arena: no sane submission ring");
+    return -1;
+  }
+  shms_submitter_bells(&self->sub, control->base, bell->base, arena->base);
   if (n_slots == 0 || alloc->end > arena->size ||
       alloc->begin < slots_offset + (uint64_t)n_slots * sizeof(shms_slot)) {
     PyErr_SetString(PyExc_ValueError, "arena layout: no slots, or data overlapping them");
@@ -386,13 +392,14 @@ static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
   self->n_free = self->n_slots = n_slots;
   self->arena = (Mapping *)Py_NewRef(arena);
   self->control = (Mapping *)Py_NewRef(control);
+  self->bell = (Mapping *)Py_NewRef(bell);
   self->arena_buffer = Py_NewRef(arena_buffer);
   self->alloc = (ArenaAllocator *)Py_NewRef(alloc);
   self->client_id = client_id;
   self->slots_offset = slots_offset;
   self->wait_slice_ns = slice_ns > 0 ? slice_ns : 50000000;
   self->spin = shms_spin_make(spin_ns, max_spin_ns);
-  self->spin.crowded = &self->ring.ctl->crowded; /* the server's hint (shms_wait.h) */
+  self->spin.crowded = &((shms_control *)control->base)->crowded; /* the server's hint */
   self->ndarray = Py_NewRef(ndarray);
   self->result_type = Py_NewRef(result_type);
   self->timeout_error = Py_NewRef(timeout_error);
@@ -405,6 +412,7 @@ static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
 static int core_traverse(ClientCore *self, visitproc visit, void *arg) {
   Py_VISIT(self->arena);
   Py_VISIT(self->control);
+  Py_VISIT(self->bell);
   Py_VISIT(self->arena_buffer);
   Py_VISIT(self->alloc);
   Py_VISIT(self->plans);
@@ -436,6 +444,7 @@ static void core_dealloc(ClientCore *self) {
   core_clear(self);
   Py_CLEAR(self->arena);
   Py_CLEAR(self->control);
+  Py_CLEAR(self->bell);
   Py_CLEAR(self->alloc);
   PyMem_Free(self->slots);
   PyMem_Free(self->free_stack);

@@ -36,10 +36,10 @@ typedef struct {
 
 typedef struct {
   PyObject_HEAD
-  Mapping *arena, *control;
+  Mapping *arena, *control, *bell;
   PyObject *arena_buffer; /* the arena's mmap: blocks export it (ArenaBlock) */
   ArenaAllocator *alloc;
-  shms_ring ring;
+  shms_submitter sub; /* its ring (in the arena) and the batcher's doorbell */
   uint32_t client_id, n_slots;
   uint64_t slots_offset;
   int64_t wait_slice_ns;
@@ -69,7 +69,7 @@ static inline shms_arena_header *arena_header(ClientCore *self) {
 
 /* Shared memory is usable: the client is open and neither mapping was released. */
 static inline int mapped(ClientCore *self) {
-  return !self->closed && self->arena->base && self->control->base;
+  return !self->closed && self->arena->base && self->control->base && self->bell->base;
 }
 
 static inline int need_mapped(ClientCore *self) {
@@ -81,11 +81,13 @@ static inline int need_mapped(ClientCore *self) {
 static inline void enter(ClientCore *self) {
   shms_py_enter(self->arena);
   shms_py_enter(self->control);
+  shms_py_enter(self->bell);
 }
 
 static inline void leave(ClientCore *self) {
   shms_py_leave(self->arena);
   shms_py_leave(self->control);
+  shms_py_leave(self->bell);
 }
 
 /* client.c: the slot table. */

@@ -414,7 +414,7 @@ static int send_call(ClientCore *self, call *c, lease_check *lc, int wait, uint6
   int held = !wait && copy_in_bytes(c) <= GIL_HELD_COPY_BYTES;
   if (held) {
     write_call(self, c);
-    rc = shms_push_request_once(&self->ring, self->client_id, c->slot, c->generation);
+    rc = shms_push_request_once(&self->sub, self->client_id, c->slot, c->generation);
     if (rc == SHMS_RING_OK) {
       *started = shms_now_ns();
       return rc;
@@ -422,7 +422,7 @@ static int send_call(ClientCore *self, call *c, lease_check *lc, int wait, uint6
   }
   Py_BEGIN_ALLOW_THREADS
   if (!held) write_call(self, c);
-  rc = shms_push_request(&self->ring, self->client_id, c->slot, c->generation, lease_alive, lc);
+  rc = shms_push_request(&self->sub, self->client_id, c->slot, c->generation, lease_alive, lc);
   /* A failed push takes the request back, unless the batcher took it meanwhile (its
    * sweep takes SUBMITTED requests the ring lost): then it is in flight. */
   if (rc != SHMS_RING_OK) *withdrawn = shms_slot_withdraw(slot_at(self, c->slot));
@@ -589,7 +589,7 @@ PyObject *shms_py_client_infer(ClientCore *self, PyObject *const *args, Py_ssize
   int copy = PyObject_IsTrue(args[6]);
   if (copy < 0) return NULL;
   if (!mapped(self) ||
-      shms_load(&self->ring.ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
+      shms_load(&((shms_control *)self->control->base)->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
     Py_RETURN_NONE; /* Python checks and says why */
   call c;
   if (!take_call(self, &c, args[1], args[2], args[3], args[4], nargs == 8 ? args[7] : Py_None))
@@ -662,7 +662,7 @@ PyObject *shms_py_client_send(ClientCore *self, PyObject *const *args, Py_ssize_
   if (nargs != 6 && nargs != 7) return PyErr_Format(PyExc_TypeError, "send() takes 6 or 7 arguments");
   PyObject *engine = args[0], *req = args[1];
   if (!mapped(self) ||
-      shms_load(&self->ring.ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
+      shms_load(&((shms_control *)self->control->base)->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED)
     Py_RETURN_NONE;
   call c;
   if (!take_call(self, &c, args[2], args[3], args[4], args[5], nargs == 7 ? args[6] : Py_None))

@@ -16,7 +16,13 @@
 static int mapping_init(Mapping *self, PyObject *args, PyObject *kw) {
   PyObject *obj;
   if (!PyArg_ParseTuple(args, "O", &obj)) return -1;
-  if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) return -1;
+  self->readonly = 0;
+  if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE | PyBUF_SIMPLE) < 0) {
+    /* a read-only mmap: loads and waits only (the store methods refuse) */
+    PyErr_Clear();
+    if (PyObject_GetBuffer(obj, &self->view, PyBUF_SIMPLE) < 0) return -1;
+    self->readonly = 1;
+  }
   self->base = (char *)self->view.buf;
   self->size = (uint64_t)self->view.len;
   return 0;
@@ -30,7 +36,11 @@ static void mapping_dealloc(Mapping *self) {
 
 static PyObject *mapping_size(Mapping *self, void *c) { return PyLong_FromUnsignedLongLong(self->size); }
 
+static PyObject *mapping_readonly(Mapping *self, void *c) { return PyBool_FromLong(self->readonly); }
+
 static PyGetSetDef mapping_getset[] = {{"size", (getter)mapping_size, NULL, "bytes mapped", NULL},
+                                       {"readonly", (getter)mapping_readonly, NULL,
+                                        "a read-only mapping (writes raise)", NULL},
                                        {NULL}};
 
 PyTypeObject MappingType = {
@@ -209,7 +219,8 @@ static PyObject *f_server_layout(PyObject *m, PyObject *args) {
                        (unsigned long long)h.segment_bytes);
 }
 
-/* arena_layout(n_slots, data_bytes) -> (slots_offset, data_offset, segment_bytes). */
+/* arena_layout(n_slots, data_bytes) -> (slots_offset, data_offset, segment_bytes,
+ * ring_offset, ring_capacity). */
 static PyObject *f_arena_layout(PyObject *m, PyObject *args) {
   unsigned int n_slots;
   unsigned long long data_bytes;
@@ -217,16 +228,18 @@ static PyObject *f_arena_layout(PyObject *m, PyObject *args) {
   if (data_bytes > SHMS_MAX_SEGMENT_BYTES)
     return PyErr_Format(PyExc_OverflowError, "arena of %llu bytes", data_bytes);
   shms_arena_geometry g = shms_arena_layout(n_slots, data_bytes);
-  return Py_BuildValue("(KKK)", (unsigned long long)g.slots_offset,
-                       (unsigned long long)g.data_offset, (unsigned long long)g.segment_bytes);
+  return Py_BuildValue("(KKKKI)", (unsigned long long)g.slots_offset,
+                       (unsigned long long)g.data_offset, (unsigned long long)g.segment_bytes,
+                       (unsigned long long)g.ring_offset, g.ring_capacity);
 }
 
-/* control_bytes(ring_capacity) -> size of a control segment with that ring. */
-static PyObject *f_control_bytes(PyObject *m, PyObject *arg) {
-  unsigned long cap = PyLong_AsUnsignedLong(arg);
-  if (PyErr_Occurred()) return NULL;
-  if (cap > (1ul << 30)) return PyErr_Format(PyExc_OverflowError, "ring of %lu cells", cap);
-  return PyLong_FromUnsignedLongLong(shms_control_bytes((uint32_t)cap));
+/* control_bytes() -> size of a control segment; bell_bytes() -> of the bell. */
+static PyObject *f_control_bytes(PyObject *m, PyObject *unused) {
+  return PyLong_FromUnsignedLongLong(shms_control_bytes());
+}
+
+static PyObject *f_bell_bytes(PyObject *m, PyObject *unused) {
+  return PyLong_FromUnsignedLongLong(SHMS_BELL_BYTES);
 }
 
 /* ---------------------------------------------------------------- process helpers */
@@ -258,7 +271,8 @@ static PyMethodDef module_methods[] = {
     {"enums", f_enums, METH_NOARGS, "Every enum of shmserve.h: {type: {member: value}}."},
     {"server_layout", f_server_layout, METH_VARARGS, "Offsets of a server segment."},
     {"arena_layout", f_arena_layout, METH_VARARGS, "(slots_offset, data_offset, segment_bytes)."},
-    {"control_bytes", f_control_bytes, METH_O, "Size of a control segment with this ring."},
+    {"control_bytes", f_control_bytes, METH_NOARGS, "Size of a control segment."},
+    {"bell_bytes", f_bell_bytes, METH_NOARGS, "Size of the bell segment."},
     {"now_ns", f_now_ns, METH_NOARGS, "CLOCK_MONOTONIC in nanoseconds."},
     {"latency_bucket", f_latency_bucket, METH_O, "Histogram bucket of a duration (shms_stats.h)."},
     {"set_parent_death_signal", f_set_parent_death_signal, METH_O,

@@ -15,7 +15,7 @@
 
 #include "shmserve.h"
 
-/* A writable buffer (an mmap of a segment) and the protocol operations on it. Every
+/* A buffer (an mmap of a segment, writable unless readonly) and the protocol operations on it. Every
  * offset that comes from Python is bounds-checked (shms_py_at): a wrong offset raises,
  * it never touches memory. */
 typedef struct {
@@ -23,6 +23,7 @@ typedef struct {
   Py_buffer view;
   char *base;
   uint64_t size;
+  int readonly;        /* a read-only mapping (a client's control block): writes raise */
   int in_use;          /* calls running on the memory without the GIL */
   int release_pending; /* release() came while in_use: done by the last of them */
 } Mapping;
@@ -52,8 +53,9 @@ extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple *
  * exception set. */
 void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t align);
 
-/* The ring view of a control mapping from the (offset, capacity) fixed at attach:
- * capacity a power of two up to 2^30, cells inside the mapping; or -1, exception set. */
+/* The submission ring of an arena mapping from the (offset, capacity) fixed once:
+ * capacity a power of two up to 2^30, cells inside the mapping past the header; or
+ * -1, exception set. */
 int shms_py_ring_view(Mapping *self, unsigned long long off, unsigned long long cap,
                       shms_ring *r);
 

@@ -24,6 +24,13 @@ void shms_py_enter(Mapping *m) { m->in_use++; }
 uint32_t shms_py_sleep_token(void) {
   static uint32_t last; /* this process's, shared by every file of the extension */
   uint32_t token;
+  /* Start anywhere: a client's arena keeps the last token it woke (rang_token), and a
+   * restarted batcher counting from 1 again would meet those old values at once. */
+  if (!__atomic_load_n(&last, __ATOMIC_RELAXED)) {
+    uint32_t seed = (uint32_t)shms_now_ns() ^ ((uint32_t)getpid() << 16);
+    uint32_t zero = 0;
+    __atomic_compare_exchange_n(&last, &zero, seed | 1u, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+  }
   do token = __atomic_add_fetch(&last, 1u, __ATOMIC_RELAXED);
   while (!token);
   return token;
@@ -52,6 +59,13 @@ void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t alig
 #define ATOMIC32(m, off) ((SHMS_ATOMIC(uint32_t) *)shms_py_at((m), (off), 4, 4))
 #define ATOMIC64(m, off) ((SHMS_ATOMIC(uint64_t) *)shms_py_at((m), (off), 8, 8))
 
+/* A write through a read-only mapping would fault: raise instead. */
+static int writable(Mapping *m) {
+  if (!m->readonly) return 1;
+  PyErr_SetString(PyExc_PermissionError, "read-only mapping: a client's control block is the server's");
+  return 0;
+}
+
 static PyObject *m_load32(Mapping *self, PyObject *arg) {
   SHMS_ATOMIC(uint32_t) *p = ATOMIC32(self, PyLong_AsUnsignedLongLong(arg));
   if (!p) return NULL;
@@ -65,6 +79,7 @@ static PyObject *m_load64(Mapping *self, PyObject *arg) {
 }
 
 static PyObject *m_store32(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off;
   unsigned int v;
   if (!PyArg_ParseTuple(args, "KI", &off, &v)) return NULL;
@@ -75,6 +90,7 @@ static PyObject *m_store32(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_store64(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off, v;
   if (!PyArg_ParseTuple(args, "KK", &off, &v)) return NULL;
   SHMS_ATOMIC(uint64_t) *p = ATOMIC64(self, off);
@@ -84,6 +100,7 @@ static PyObject *m_store64(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_add32(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off;
   int v;
   if (!PyArg_ParseTuple(args, "Ki", &off, &v)) return NULL;
@@ -93,6 +110,7 @@ static PyObject *m_add32(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_add64(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off, v;
   if (!PyArg_ParseTuple(args, "KK", &off, &v)) return NULL;
   SHMS_ATOMIC(uint64_t) *p = ATOMIC64(self, off);
@@ -101,6 +119,7 @@ static PyObject *m_add64(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_cas32(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off;
   unsigned int expected, desired;
   if (!PyArg_ParseTuple(args, "KII", &off, &expected, &desired)) return NULL;
@@ -122,6 +141,7 @@ static PyObject *m_wake(Mapping *self, PyObject *args) {
 
 /* doorbell_ring(word_off, sleeping_off, n=1): wakes up to n counted sleepers */
 static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off, soff;
   int n = 1;
   if (!PyArg_ParseTuple(args, "KK|i", &off, &soff, &n)) return NULL;
@@ -131,35 +151,50 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
   Py_RETURN_NONE;
 }
 
-/* ring_batcher(): on the control segment's mapping, rings control.doorbell as a push
- * does (shms_doorbell_ring_sole) */
-static PyObject *m_ring_batcher(Mapping *self, PyObject *unused) {
-  SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, offsetof(shms_control, doorbell)),
+/* ring_batcher(bell): a server process, on the control segment's (writable) mapping,
+ * rings the batcher: bell.doorbell with control.batcher_sleeping's token taken back
+ * (shms_doorbell_ring_sole) */
+static PyObject *m_ring_batcher(Mapping *self, PyObject *arg) {
+  if (!writable(self) || (PyObject_TypeCheck(arg, &MappingType) && !writable((Mapping *)arg))) return NULL;
+  if (!PyObject_TypeCheck(arg, &MappingType)) {
+    PyErr_SetString(PyExc_TypeError, "ring_batcher(bell): the bell segment's Mapping");
+    return NULL;
+  }
+  SHMS_ATOMIC(uint32_t) *w = ATOMIC32((Mapping *)arg, offsetof(shms_bell, doorbell)),
                         *s = ATOMIC32(self, offsetof(shms_control, batcher_sleeping));
   if (!w || !s) return NULL;
   shms_doorbell_ring_sole(w, s);
   Py_RETURN_NONE;
 }
 
-/* doorbell_wait(word_off, sleeping_off, seen, spin, timeout_ns[, sole]) -> how it woke:
+/* doorbell_wait(word_off, sleeping_off, seen, spin, timeout_ns[, sole[, flags]]) -> how it woke:
  * Wake.SPIN or Wake.SLEEP if the word moved, Wake.TIMEOUT (0, falsy) if not. spin is
  * the nanoseconds to spin, or an AdaptiveSpin: its policy decides and learns from the
  * wait (shms_spin_wait). sole: the caller is the word's only waiter and stores a new
- * token in the flag while it sleeps (shms_doorbell_wait_x, shms_py_sleep_token). */
+ * token in the flag while it sleeps (shms_doorbell_wait_x, shms_py_sleep_token). flags:
+ * the Mapping the sleeping word is in, if not this one (the batcher: the bell's word,
+ * its token in the control block). */
 static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
   unsigned long long off, soff;
   unsigned int seen;
   long long spin_ns = 0, timeout_ns;
   int sole = 0;
   PyObject *spin;
-  if (!PyArg_ParseTuple(args, "KKIOL|p", &off, &soff, &seen, &spin, &timeout_ns, &sole))
+  Mapping *flags = self;
+  if (!PyArg_ParseTuple(args, "KKIOL|pO!", &off, &soff, &seen, &spin, &timeout_ns, &sole,
+                        &MappingType, &flags))
     return NULL;
+  if (flags->readonly) { /* a waiter writes its sleeping word */
+    PyErr_SetString(PyExc_PermissionError, "doorbell_wait: the sleeping word is read-only");
+    return NULL;
+  }
   Spin *policy = Py_TYPE(spin) == &SpinType ? (Spin *)spin : NULL;
   if (!policy && (spin_ns = PyLong_AsLongLong(spin)) == -1 && PyErr_Occurred()) return NULL;
-  SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, off), *s = ATOMIC32(self, soff);
+  SHMS_ATOMIC(uint32_t) *w = ATOMIC32(self, off), *s = ATOMIC32(flags, soff);
   if (!w || !s) return NULL;
   int moved;
   shms_py_enter(self);
+  shms_py_enter(flags);
   Py_INCREF(spin); /* another thread may drop its last reference while we wait */
   Py_BEGIN_ALLOW_THREADS
   uint32_t token = sole ? shms_py_sleep_token() : 0;
@@ -167,13 +202,15 @@ static PyObject *m_doorbell_wait(Mapping *self, PyObject *args) {
                  : shms_doorbell_wait_x(w, s, seen, spin_ns, timeout_ns, NULL, token);
   Py_END_ALLOW_THREADS
   Py_DECREF(spin);
+  shms_py_leave(flags);
   shms_py_leave(self);
   return PyLong_FromLong(moved);
 }
 
 /* ---------------------------------------------------------------- ring */
-/* Every ring call takes the (offset, capacity) that ring_attach() returned once:
- * the header is client-writable, so it is never read again after attaching. */
+/* The submission ring of an arena mapping. Every ring call takes the (offset,
+ * capacity) fixed once: the server's own geometry (shms_arena_layout), a client's
+ * from ring_attach(); the header is client-writable, so it is never read again. */
 
 int shms_py_ring_view(Mapping *self, unsigned long long off, unsigned long long cap,
                       shms_ring *r) {
@@ -181,19 +218,24 @@ int shms_py_ring_view(Mapping *self, unsigned long long off, unsigned long long 
     PyErr_SetString(PyExc_ValueError, "ring capacity must be a power of two");
     return -1;
   }
-  r->ctl = (shms_control *)shms_py_at(self, 0, sizeof(shms_control), 64);
-  r->cells = (shms_ring_cell *)shms_py_at(self, off, cap * sizeof(shms_ring_cell), 64);
-  r->capacity = cap;
-  return r->ctl && r->cells ? 0 : -1;
+  if (off < sizeof(shms_arena_header)) {
+    PyErr_SetString(PyExc_ValueError, "ring cells overlap the arena header");
+    return -1;
+  }
+  if (!shms_py_at(self, 0, sizeof(shms_arena_header), 64) ||
+      !shms_py_at(self, off, cap * sizeof(shms_ring_cell), 64))
+    return -1;
+  shms_ring_view(r, self->base, off, cap);
+  return 0;
 }
 
-/* ring_attach() -> (ring_offset, ring_capacity), checked once. */
+/* ring_attach() -> (ring_offset, ring_capacity) of an arena's ring, checked once. */
 static PyObject *m_ring_attach(Mapping *self, PyObject *unused) {
   shms_ring r;
   if (!shms_py_at(self, 0, 0, 0)) return NULL;
   if (shms_ring_attach(&r, self->base, self->size) != 0) {
     PyErr_SetString(PyExc_ValueError,
-                    "not a shmserve control segment (bad magic, version or ring)");
+                    "not a shmserve arena of this version with a sane submission ring");
     return NULL;
   }
   return Py_BuildValue("(KK)", (unsigned long long)((char *)r.cells - self->base),
@@ -255,7 +297,7 @@ static PyObject *m_ring_pending(Mapping *self, PyObject *args) {
   if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
   /* Only [pos, enqueue_pos): a published-looking cell past enqueue_pos is no entry
    * the consumer will reach soon, so it must not keep the sweep from a request. */
-  uint64_t enq = shms_load(&r.ctl->enqueue_pos, memory_order_acquire);
+  uint64_t enq = shms_load(r.enqueue_pos, memory_order_acquire);
   uint64_t end = enq - pos <= cap ? enq : pos;
   PyObject *out = PyList_New(0);
   for (uint64_t q = pos; out && q < end; q++) {
@@ -271,6 +313,7 @@ static PyObject *m_ring_pending(Mapping *self, PyObject *args) {
 /* put(offset, obj): copies a C-contiguous buffer (a numpy array, bytes) into the
  * mapping at offset; the GIL is released for large copies. Returns the byte count. */
 static PyObject *m_put(Mapping *self, PyObject *args) {
+  if (!writable(self)) return NULL;
   unsigned long long off;
   PyObject *obj;
   if (!PyArg_ParseTuple(args, "KO", &off, &obj)) return NULL;
@@ -319,11 +362,11 @@ PyMethodDef shms_py_mapping_methods[] = {
     {"cas32", (PyCFunction)m_cas32, METH_VARARGS, "Compare-and-swap a u32; True if swapped."},
     {"wake", (PyCFunction)m_wake, METH_VARARGS, "futex wake on a u32."},
     {"doorbell_ring", (PyCFunction)m_doorbell_ring, METH_VARARGS, "Bump a doorbell, wake sleepers."},
-    {"ring_batcher", (PyCFunction)m_ring_batcher, METH_NOARGS,
-     "On the control segment's mapping: ring the batcher's doorbell."},
+    {"ring_batcher", (PyCFunction)m_ring_batcher, METH_O,
+     "On the control segment's mapping: ring the batcher's doorbell (the bell's)."},
     {"doorbell_wait", (PyCFunction)m_doorbell_wait, METH_VARARGS,
      "Spin then sleep until a doorbell moves (GIL released)."},
-    {"ring_attach", (PyCFunction)m_ring_attach, METH_NOARGS, "Check the control block once."},
+    {"ring_attach", (PyCFunction)m_ring_attach, METH_NOARGS, "Check an arena's ring once."},
     {"ring_push", (PyCFunction)m_ring_push, METH_VARARGS, "Producer: push one entry."},
     {"ring_pop", (PyCFunction)m_ring_pop, METH_VARARGS, "Consumer: take the head entry."},
     {"ring_skip", (PyCFunction)m_ring_skip, METH_VARARGS, "Consumer: skip the head cell."},

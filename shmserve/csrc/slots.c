@@ -175,13 +175,13 @@ static PyObject *m_check_header(Mapping *self, PyObject *arg) {
   return PyErr_Format(PyExc_ValueError, "unknown segment kind %R", arg);
 }
 
-/* init_control(ring_capacity, server_pid) on a zeroed control segment. */
+/* init_control(server_pid) on a zeroed control segment. */
 static PyObject *m_init_control(Mapping *self, PyObject *args) {
-  unsigned int capacity, pid;
-  if (!PyArg_ParseTuple(args, "II", &capacity, &pid) || !shms_py_at(self, 0, 0, 0)) return NULL;
-  if (shms_control_init(self->base, self->size, capacity, pid) != 0)
-    return PyErr_Format(PyExc_ValueError, "ring capacity %u must be a power of two >= 2 that "
-                        "fits a segment of %llu bytes", capacity, (unsigned long long)self->size);
+  unsigned int pid;
+  if (!PyArg_ParseTuple(args, "I", &pid) || !shms_py_at(self, 0, 0, 0)) return NULL;
+  if (shms_control_init(self->base, self->size, pid) != 0)
+    return PyErr_Format(PyExc_ValueError, "a control block does not fit %llu bytes",
+                        (unsigned long long)self->size);
   Py_RETURN_NONE;
 }
 
@@ -227,6 +227,7 @@ static PyObject *m_write_client_entry(Mapping *self, PyObject *args) {
   e->uid = uid;
   e->segment_bytes = bytes;
   snprintf(e->segment, sizeof e->segment, "%s", path);
+  shms_store(&e->ring_pos, 0, memory_order_relaxed); /* the new arena's ring starts at 0 */
   /* The batcher and workers load the generation at any time (lease_of): an atomic
    * store, though only the ALIVE store below publishes it. */
   __atomic_store_n(&e->generation, gen, __ATOMIC_RELAXED);
@@ -351,22 +352,33 @@ static int call_lease_alive(void *callable) {
   return r != NULL;
 }
 
-/* Client, on the control mapping: push_request(ring_offset, capacity, owner, slot,
- * generation, check) -> shms_ring_result (shms_push_request's retries); check() is
- * called now and then while the claim keeps being skipped and raises if the lease
- * ended. */
+/* Client, on its arena's mapping: push_request(ring_offset, capacity, control, bell,
+ * owner, slot, generation, check) -> shms_ring_result (shms_push_request's retries);
+ * control and bell: the lease's Mappings of those segments; check() is called now
+ * and then while the claim keeps being skipped and raises if the lease ended. */
 static PyObject *m_push_request(Mapping *self, PyObject *args) {
   unsigned long long off, cap;
   unsigned int owner, slot, gen;
+  Mapping *control, *bell;
   PyObject *check;
-  if (!PyArg_ParseTuple(args, "KKIIIO", &off, &cap, &owner, &slot, &gen, &check)) return NULL;
-  shms_ring r;
-  if (shms_py_ring_view(self, off, cap, &r) < 0) return NULL;
+  if (!PyArg_ParseTuple(args, "KKO!O!IIIO", &off, &cap, &MappingType, &control, &MappingType,
+                        &bell, &owner, &slot, &gen, &check))
+    return NULL;
+  shms_submitter sub;
+  if (shms_py_ring_view(self, off, cap, &sub.ring) < 0 ||
+      !shms_py_at(control, 0, sizeof(shms_control), 64) ||
+      !shms_py_at(bell, 0, sizeof(shms_bell), 64))
+    return NULL;
+  shms_submitter_bells(&sub, control->base, bell->base, self->base);
   int rc;
   /* Retries sleep (a full ring): other threads of the caller go on meanwhile. */
   shms_py_enter(self);
-  Py_BEGIN_ALLOW_THREADS rc = shms_push_request(&r, owner, slot, gen, call_lease_alive, check);
+  shms_py_enter(control);
+  shms_py_enter(bell);
+  Py_BEGIN_ALLOW_THREADS rc = shms_push_request(&sub, owner, slot, gen, call_lease_alive, check);
   Py_END_ALLOW_THREADS
+  shms_py_leave(bell);
+  shms_py_leave(control);
   shms_py_leave(self);
   if (rc < 0) return NULL; /* check() raised */
   return PyLong_FromLong(rc);
@@ -651,7 +663,7 @@ static PyObject *m_mailbox_next(Mapping *self, PyObject *arg) {
 PyMethodDef shms_py_slot_methods[] = {
     {"check_header", (PyCFunction)m_check_header, METH_O,
      "Raise ValueError unless this is a 'control', 'arena' or 'server' segment of this version."},
-    {"init_control", (PyCFunction)m_init_control, METH_VARARGS, "Coordinator: a fresh control block and ring."},
+    {"init_control", (PyCFunction)m_init_control, METH_VARARGS, "Coordinator: a fresh control block."},
     {"init_arena", (PyCFunction)m_init_arena, METH_VARARGS, "Coordinator: a fresh arena header."},
     {"init_server", (PyCFunction)m_init_server, METH_VARARGS, "Coordinator: the server header."},
     {"write_client_entry", (PyCFunction)m_write_client_entry, METH_VARARGS,

@@ -227,6 +227,7 @@ class HelloReply(Message):
     client_id: int
     generation: int
     control_bytes: int
+    bell_bytes: int
     arena_bytes: int
     slots_offset: int
     n_slots: int

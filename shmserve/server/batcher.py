@@ -26,8 +26,8 @@ log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_MS = 100  # an idle batcher checks its coordinator this often (--idle-check-ms)
 RETIRED_CHECK_NS = 10_000_000  # look for retired instances' batches this often (they ring too)
 # A sleep that ran its whole course although the doorbell moved meanwhile: a push did
-# not wake us, which an honest client cannot cause (it rings whenever the flag says we
-# sleep). A client is zeroing control.batcher_sleeping, or pushing without ringing;
+# not wake us, which an honest client cannot cause (it rings whenever the token says we
+# sleep). A client is moving bell.doorbell back, or pushing without ringing;
 # for WATCHFUL_NS after each such sleep, the batcher sleeps at most WATCHFUL_SLEEP_NS,
 # so the other callers' requests wait that long for it instead of a whole idle check.
 WATCHFUL_NS = 1_000_000_000
@@ -41,8 +41,8 @@ NOISE_RINGS = 200  # rings in a window beyond twice the entries and batches
 STATE, PID = L["mailbox.state"], L["mailbox.pid"]
 # Why BatcherCore.serve gave the loop back (csrc/batcher.c)
 SERVE_DRAINED, SERVE_TIME, SERVE_IDLE, SERVE_LOST_RING = 1, 2, 3, 4
-LOST_RING = ("request ring: a push did not wake the batcher (a client zeroes "
-             "control.batcher_sleeping or pushes without ringing)")
+LOST_RING = ("a push did not wake the batcher (a client moves bell.doorbell back "
+             "or pushes without ringing)")
 
 
 def earliest(a: int | None, b: int | None) -> int | None:
@@ -369,19 +369,19 @@ class Batcher:
 
     # -- the loop ------------------------------------------------------------------
     def serve_forever(self) -> None:
-        ctl, intake = self.maps.ctl, self.intake
-        bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
+        ctl, bell_ops, intake = self.maps.ctl, self.maps.bell_ops, self.intake
+        bell, sleeping = L["bell.doorbell"], L["control.batcher_sleeping"]
         spin = self.maps.spin
         states = self.states
         srv, epoch = self.maps.srv, L["server.table_epoch"]
         while True:
-            seen = ctl.load32(bell)
+            seen = bell_ops.load32(bell)
             # 0. models added or withdrawn while serving (one load when none was)
             if srv.load32(epoch) != self.epoch:
                 self.apply_table()
-            # 1. take every published request from the ring, into its model's scheduler
+            # 1. take every published request from the rings, into its model's scheduler
             intake.drain_ring()
-            # 2. now and then (at once after ring damage): requests the ring lost
+            # 2. now and then (at once after ring damage): requests the rings lost
             intake.housekeeping()
             # 3. hand batches to idle workers
             deadline = self.dispatch()
@@ -408,12 +408,12 @@ class Batcher:
             else:
                 # SYNC POINT: clients (ring_push + doorbell_ring) and workers (idle)
                 # ring us. The spin policy (shms_spin_wait) decides and learns from this
-                # wait; sole: we are the doorbell's one sleeper, and clients can write
-                # the flag.
-                woke = ctl.doorbell_wait(bell, sleeping, seen, 0 if busy else spin, timeout,
-                                         True)
+                # wait; sole: we are the doorbell's one sleeper, our token in the
+                # control block (which clients map read-only).
+                woke = bell_ops.doorbell_wait(bell, sleeping, seen, 0 if busy else spin,
+                                              timeout, True, ctl)
             if woke or deaf:
-                self.watch_noise(ctl.load32(bell))
+                self.watch_noise(bell_ops.load32(bell))
             if woke:
                 self.maps.count_wake(L["server.batcher_wakeups"], woke)
                 # a short deadline's sleep may end with a push by chance: not evidence
@@ -428,7 +428,7 @@ class Batcher:
         Python queue, and nothing of Python's is on (a defence, a stalled claim at the
         ring head, ring damage, a model unloading)."""
         intake = self.intake
-        return (now >= self.watchful_until and now >= self.deaf_until and intake.stall is None
+        return (now >= self.watchful_until and now >= self.deaf_until and not intake.stalls
                 and now >= intake.damaged_until and not self.draining
                 and not any(len(m.scheduler) for m in self.models if not m.in_core))
 
@@ -440,19 +440,20 @@ class Batcher:
         check, a model table change or ring damage. Returns
         False when the coordinator is gone."""
         intake = self.intake
-        self.watch_noise(self.maps.ctl.load32(L["control.doorbell"]))  # a fresh window
+        self.watch_noise(self.maps.bell_ops.load32(L["bell.doorbell"]))  # a fresh window
         # the sweep is due even on a quiet server; the others only matter once rung
         woken_until = min(self.retired_check_at, self.noise_window[0] + NOISE_WINDOW_NS)
-        (intake.ring.pos, why, items, stop, handed, consumed) = self.core.serve(
-            intake.ring.pos, self.maps.arenas, seen, deadline, intake.sweep_at, woken_until,
+        (intake.rotor, why, items, stop, handed, consumed, start, left) = self.core.serve(
+            intake.rotor, self.maps.arenas, seen, deadline, intake.sweep_at, woken_until,
             self.epoch, self.maps.spin, self.idle_check_ns, self.states)
+        intake.rotor %= self.maps.layout.max_clients
         intake.consumed += consumed
         self.handed += handed
         for m in self.models:  # C wrote their pending counts: the next dispatch writes ours
             if m.in_core:
                 m.pending = -1
         if why == SERVE_DRAINED:
-            intake.carried = (items, stop)
+            intake.carried = (items, stop, start, left)
         elif why == SERVE_LOST_RING:
             self.watchful_until = self.defend(self.watchful_until, LOST_RING)
         elif why == SERVE_IDLE:
@@ -472,7 +473,7 @@ class Batcher:
         work = (self.intake.consumed - entries0) + (self.handed - batches0)
         if start and rings > 2 * work + NOISE_RINGS:
             self.deaf_until = self.defend(
-                self.deaf_until, f"control.doorbell: rung {rings} times in "
+                self.deaf_until, f"bell.doorbell: rung {rings} times in "
                 f"{(now - start) // 1_000_000} ms for {work} requests and batches (a client "
                 "rings it in a loop); the batcher stops listening to it")
 

@@ -64,6 +64,7 @@ class ControlPlane:
                  peer_pid, peer_uid, generation, want / 2**20)
         return P.HelloReply(
             client_id=client_id, generation=generation, control_bytes=self.control.size,
+            bell_bytes=self.bell.size,
             arena_bytes=alayout.segment_bytes, slots_offset=alayout.slots_offset,
             n_slots=alayout.n_slots, data_offset=alayout.data_offset, server_pid=os.getpid(),
             spin_us=self.opts.spin_us,
@@ -79,8 +80,8 @@ class ControlPlane:
         self.server.ops.store32(entry + L["client_entry.state"], P.ClientState.DEAD)
         self.dead_since[client_id] = time.monotonic()
         lease["arena"].close()  # its memory goes when the last server mapping does
-        # The head of the ring may hold a claim of this client: let the batcher look.
-        self.control.ops.ring_batcher()
+        # Let the batcher look: it unmaps the arena of an ended lease between batches.
+        self.control.ops.ring_batcher(self.bell.ops)
         log.info("client disconnected: id %d, pid %d, uid %d: %s", client_id, lease["pid"],
                  lease["uid"], reason)
 
@@ -189,14 +190,21 @@ class ControlPlane:
 
     def server_status(self, histograms: bool = False) -> dict:
         """Everything the metrics endpoint and `shmserve status` show, in one read."""
-        enq = self.control.ops.load64(L["control.enqueue_pos"])
-        taken = self.server.ops.load64(L["server.ring_pos"])
+        depth = capacity = 0  # over the live leases' submission rings
+        for client_id, lease in list(self.leases.items()):
+            ops = lease["arena"].ops
+            if ops is None:
+                continue
+            enq = ops.load64(L["arena.enqueue_pos"])
+            taken = self.server.ops.load64(self.layout.client(client_id) + L["client_entry.ring_pos"])
+            ring = lease["layout"].ring_capacity
+            depth += max(0, min(enq - taken, ring))
+            capacity += ring
         batcher = next((c for c in self.children if c.role == "batcher"), None)
         return {"models": self.statistics(histograms=histograms),
                 "broken": [{"name": p.name, "version": p.version, "state": p.state}
                            for p in self.table.all_problems()],
-                "ring_depth": max(0, min(enq - taken, self.ring_capacity)),
-                "ring_capacity": self.ring_capacity,
+                "ring_depth": depth, "ring_capacity": capacity,
                 "clients": self.client_rows(), "max_clients": self.opts.max_clients,
                 "batcher": {"pid": batcher.proc.pid if batcher and batcher.proc else None,
                             "restarts": batcher.restarts if batcher else 0,
@@ -233,7 +241,8 @@ class ControlPlane:
                 raise ShmServeError("hello sent twice on one connection", P.Status.INVALID_ARG)
             reply = self.open_lease(msg, lease["pid"], lease["uid"])
             lease["client_id"] = reply.client_id
-            lease["send_fds"] = [self.leases[reply.client_id]["arena"].fd, self.control.fd]
+            lease["send_fds"] = [self.leases[reply.client_id]["arena"].fd,
+                                 self.control_readonly_fd, self.bell.fd]
             return reply
         if isinstance(msg, P.ListModels):
             rows = self.model_list()

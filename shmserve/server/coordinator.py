@@ -32,7 +32,7 @@ from .supervisor import Child, Supervisor, describe_exit
 from .settings import RuntimeSettings
 from .system_shm import SystemShmRegistry
 from .tracing import TraceConfig, start_tracing
-from .segments import (ArenaLayout, ServerLayout, control_size, create_sealed,
+from .segments import (ArenaLayout, ServerLayout, bell_size, control_size, create_sealed,
                        init_control, read_record, record_path,
                        resolve_group, share_with_group, unreachable_by_group,
                        write_record)
@@ -137,6 +137,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self.polled: dict[str, tuple] = {}  # poll mode: each model directory's fingerprint
         self.children: list[Child] = []
         self.control: Segment | None = None
+        self.control_readonly_fd: int | None = None  # what clients get (hello)
+        self.bell: Segment | None = None
         self.server: Segment | None = None
         self.layout: ServerLayout | None = None
         self.leases: dict[int, dict] = {}
@@ -147,7 +149,6 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         self._arena_counter = 0
         self.gid: int | None = None  # --group: its members may be clients too
         self.started_at = time.monotonic()
-        self.ring_capacity = 0
         self.stopping = False
         self.traces = None  # tracing.TraceSink (its pipe stays while tracing is off)
         self.settings = None  # settings.RuntimeSettings: the logging and trace extensions'
@@ -196,18 +197,18 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         o = self.opts
         self.layout = ServerLayout(o.max_clients, o.slots_per_client, self.table.capacity,
                                    self.table.max_instances)
-        ring = 1
-        while ring < max(o.max_clients * o.slots_per_client, 64):
-            ring <<= 1
-        self.ring_capacity = ring
         write_record(o.name, {"pid": os.getpid(), "socket": str(self.sock_path)})
-        self.control = create_sealed("shmserve-control", control_size(ring),
-                                     what="control segment (request ring)")
+        self.control = create_sealed("shmserve-control", control_size(), what="control segment")
+        # Clients get the control block read-only: a descriptor reopened O_RDONLY cannot
+        # be mapped writable. The bell is the one page they all write (its doorbell).
+        self.control_readonly_fd = os.open(f"/proc/self/fd/{self.control.fd}",
+                                           os.O_RDONLY | os.O_CLOEXEC)
+        self.bell = create_sealed("shmserve-bell", bell_size(), what="bell segment")
         # No name anyone could open or squat: the batcher and the workers inherit its
         # descriptor (supervisor.spawn), restarted ones included.
         self.server = create_sealed("shmserve-server", self.layout.size,
                                     what="server segment (--max-clients x --slots-per-client)")
-        init_control(self.control.ops, ring, os.getpid())
+        init_control(self.control.ops, os.getpid())
         if self.gid is not None:  # group clients must reach the socket
             share_with_group(self.sock_path.parent, self.gid, 0o710)
             blocked = unreachable_by_group(self.sock_path.parent, self.gid)
@@ -223,7 +224,8 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
 
     def boot_message(self, **extra) -> dict:
         lay = self.layout
-        return {"control_bytes": self.control.size,  # the segments' fds: supervisor.spawn
+        return {"control_bytes": self.control.size, "bell_bytes": self.bell.size,
+                # the segments' fds: supervisor.spawn
                 "max_clients": lay.max_clients, "slots_per_client": lay.slots_per_client,
                 "n_models": lay.n_models, "n_workers": lay.n_workers,
                 "spin_us": self.opts.spin_us, "max_spin_us": self.opts.max_spin_us,
@@ -275,9 +277,12 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         if self.table_pipe is not None:
             os.close(self.table_pipe)
             self.table_pipe = None
-        for seg in (self.control, self.server):
+        for seg in (self.control, self.bell, self.server):
             if seg is not None:
                 seg.close()
+        if self.control_readonly_fd is not None:
+            os.close(self.control_readonly_fd)
+            self.control_readonly_fd = None
         if self.owns_name:
             self.sock_path.unlink(missing_ok=True)
             shutil.rmtree(self.model_files_root, ignore_errors=True)  # file loads' (models.py)
@@ -295,7 +300,7 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         those pushed before are answered as usual."""
         # SYNC POINT: pairs with the batcher's load of drain_since_ns in Intake.take.
         self.server.ops.store64(L["server.drain_since_ns"], P.now_ns())
-        self.control.ops.ring_batcher()
+        self.control.ops.ring_batcher(self.bell.ops)
         deadline = time.monotonic() + self.opts.exit_timeout_s
         left = self.in_flight()
         if left:

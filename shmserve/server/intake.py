@@ -1,6 +1,6 @@
 """Intake: the batcher's trust boundary. Everything a client wrote is read here and
-nowhere else in the batcher: the request ring (drained, its stalled or forged claims
-skipped), each request's descriptor (copied and validated in C: on the common path
+nowhere else in the batcher: the submission rings in the clients' arenas (drained in
+turn, a stalled claim or damaged head skipped), each request's descriptor (copied and validated in C: on the common path
 by BatcherCore.drain, one call per pass for every request published; else take()),
 the slot states of live leases (swept for requests the ring lost, and after a
 restart for those the previous batcher held).
@@ -27,15 +27,16 @@ L = LAYOUT
 ENQUEUE_STAMP = L["slot.t_ns"] + 8 * Timestamp.ENQUEUE  # the client's push time, in a slot
 log = logging.getLogger("shmserve.batcher")
 RING_STALL_NS = 20_000_000  # a live client's unpublished ring claim is skipped after this
-SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the ring lost this often
-# ... and for SWEEP_NS after ring damage this often, for requests at least this old: a
-# client rewriting cells loses others' entries all the time, and their requests would
-# each wait SWEEP_NS / 10 (the sweep's usual minimum age) otherwise.
+# (it stalls only that client's ring: the others are drained meanwhile)
+SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the rings lost this often
+# ... and in a damaged ring's arena, for SWEEP_NS after the damage, this often, for
+# requests at least this old: a client whose threads race a vandal of its own (or
+# whose ring a bug damaged) would otherwise wait SWEEP_NS / 10 for each lost entry.
 DAMAGED_SWEEP_NS = 1_000_000
 SEQUENCE_FLAGS = L["REQUEST_SEQUENCE_START"] | L["REQUEST_SEQUENCE_END"]  # STREAM is not one
-SUSPECT_NS = 1_000_000_000  # after a stall, that lease's unpublished head claims are skipped at once
 NO_OPTIONS = (0, 0, 0, 0, 0, 0, False)  # a request's options when it sets none
-STOP_POP, STOP_ENTRY, STOP_INVALID = 0, 1, 2  # why BatcherCore.drain stopped (csrc/batcher.c)
+STOP_POP, STOP_MAP, STOP_INVALID, STOP_RING = 0, 1, 2, 3  # why BatcherCore.drain stopped
+# (csrc/batcher.c)
 
 
 class Intake:
@@ -50,70 +51,107 @@ class Intake:
         # Handles withdrawn (unload, reload) -> the error their requests get (models.py)
         self.stale: dict[int, str] = {}
         self.n_models = maps.layout.n_models
-        self.ring = RingConsumer(maps.ctl, maps.srv.load64(L["server.ring_pos"]))
-        self.core = BatcherCore(maps.ctl, maps.srv, self.ring.offset, self.ring.capacity, Pending)
-        self.stall = None  # ((ring position, head seq), since ns) of a claimed, unpublished head
-        self.suspects: dict[int, tuple[int, int]] = {}  # client id -> (lease, suspect until ns)
-        self.sweep_at = now_ns() + SWEEP_NS
+        self.core = BatcherCore(maps.ctl, maps.bell_ops, maps.srv, Pending)
+        self.rotor = 0  # the ring each pass begins with: one further each pass (fairness)
+        # client id -> ((ring position, head seq), since ns) of a claimed, unpublished head
+        self.stalls: dict[int, tuple[tuple[int, int], int]] = {}
+        self.sweep_at = self.full_sweep_at = now_ns() + SWEEP_NS
         self.leases_dropped_at = now_ns()
-        self.damaged_until = 0  # ring damage seen until then: DAMAGED_SWEEP_NS sweeps
+        self.damaged: dict[int, int] = {}  # client id -> its ring damaged until: quick sweeps
         self.damage_logged_at = self.lost_logged_at = 0
         self.consumed = 0  # ring entries taken, ever: one ring of the doorbell each
-        # (items, stop) of a drain BatcherCore.serve did, for the next drain_ring
+        # (items, stop, start, left) of a drain BatcherCore.serve did, for drain_ring
         self.carried: tuple | None = None
 
-    # -- take every published request from the ring ------------------------------
+    # -- take every published request from the rings -----------------------------
+    @property
+    def damaged_until(self) -> int:
+        return max(self.damaged.values(), default=0)
+
+    def ring_of(self, client_id: int) -> RingConsumer | None:
+        """The submission ring of a live lease whose arena is mapped (mapping it)."""
+        state, lease = self.maps.lease_of(client_id)
+        mapped = self.maps.arena(client_id, lease) if state == ClientState.ALIVE else None
+        if mapped is None:
+            return None
+        return self.ring_in(client_id, *mapped)
+
+    def ring_in(self, client_id: int, arena, alayout) -> RingConsumer:
+        return RingConsumer(arena.ops, alayout.ring_offset, alayout.ring_capacity, self.maps.srv,
+                            self.maps.layout.client(client_id) + L["client_entry.ring_pos"])
+
+    def _drain(self, start: int, left: int) -> tuple:
+        """One BatcherCore.drain of `left` rings from `start` on: (items, stop, the
+        ring it stopped at, the rings left from there)."""
+        n = self.maps.layout.max_clients
+        visited, items, stop, consumed = self.core.drain(start % n, left, self.maps.arenas)
+        self.consumed += consumed
+        return items, stop, start + visited, left - visited
+
     def drain_ring(self) -> bool:
-        """Takes every published request: the common path in one C call per pass
-        (BatcherCore.drain), the rest here. Returns whether any was taken."""
-        ring = self.ring
-        start, took = ring.pos, False
-        if ring.repair():
-            self.ring_damaged("enqueue_pos was outside the ring; moved back")
-        tries, fresh = 0, False
+        """Takes every published request of every live lease's ring, one ring after
+        another from self.rotor on: the common path in one C call per pass
+        (BatcherCore.drain), the rest here. A ring that stalls or is damaged holds up
+        only its own client: the others are drained first. Returns whether any
+        request was taken."""
+        n = self.maps.layout.max_clients
+        took, fresh, stalled = False, False, set()
+        if self.carried is not None:  # what BatcherCore.serve's drain left us
+            (items, stop, start, left), self.carried = self.carried, None
+        else:
+            start, self.rotor = self.rotor, (self.rotor + 1) % n
+            items, stop, start, left = self._drain(start, n)
+            fresh = True
+        tries, tried_at = 0, None
         while True:
-            if self.carried is not None:  # what BatcherCore.serve's drain left us
-                (items, stop), self.carried = self.carried, None
-            else:
-                ring.pos, items, stop = self.core.drain(ring.pos, self.maps.arenas)
-                fresh = True
             if items:
                 took = True
                 for model_id, p, extra in items:
                     self.queue(model_id, p, extra)
-            if stop is None:
+            if stop is None or left <= 0:
                 if not fresh:
                     # SYNC POINT: that drain was before this pass loaded the doorbell's
                     # value: what was pushed in between rang before it. Drain again.
+                    start, self.rotor = self.rotor, (self.rotor + 1) % n
+                    items, stop, start, left = self._drain(start, n)
+                    fresh = True
                     continue
-                self.stall = None
                 break
-            if stop[0] == STOP_ENTRY:  # its arena is not mapped here yet
-                took = True
-                self.take(*stop[1:])
-                continue
+            client_id, advance = stop[1], False
+            # Bounded per ring (failed skips included), so that a client rewriting its
+            # cells as fast as we skip them cannot keep the batcher on its ring.
+            tries = tries + 1 if tried_at == start else 1
+            tried_at = start
             if stop[0] == STOP_INVALID:
                 took = True
                 self.answer_invalid(*stop[1:])
-                continue
-            _, kind, a, b = stop  # the ring's head: stalled claim or damage
-            if kind == POP_STALLED and not self.may_skip_claim(a, b):
-                if not fresh:
-                    continue  # as above: look at the head again
-                break
-            # Bounded (failed skips included), so that a client rewriting cells as fast
-            # as we skip them cannot keep the batcher here; the next pass goes on.
-            tries += 1
-            if tries > ring.capacity:
-                break
-            if ring.skip(b):
-                # A cell left consumed is what a predecessor that died between popping
-                # and saving server.ring_pos leaves: not damage.
-                if kind == POP_CORRUPT and b != ring.pos - 1 + ring.capacity:
-                    self.ring_damaged(f"ring cell at position {ring.pos - 1} held {b:#x}")
-        if ring.pos != start:
-            self.maps.srv.store64(L["server.ring_pos"], ring.pos)
-            self.consumed += ring.pos - start
+            elif stop[0] == STOP_MAP:  # a live lease whose arena is not mapped here yet
+                advance = self.ring_of(client_id) is None  # ended meanwhile
+            elif stop[0] == STOP_RING:
+                ring = self.ring_of(client_id)
+                if ring is not None and ring.repair():
+                    self.ring_damaged(client_id, "enqueue_pos was outside its ring; moved back")
+            else:  # the ring's head: a stalled claim or damage
+                _, _, kind, head_seq = stop
+                ring = self.ring_of(client_id)
+                if ring is None:
+                    advance = True
+                elif kind == POP_STALLED and not self.may_skip_claim(client_id, ring, head_seq):
+                    stalled.add(client_id)
+                    advance = True
+                elif ring.skip(head_seq):
+                    # A cell left consumed is what a predecessor that died between popping
+                    # and saving its ring position leaves: not damage.
+                    if kind == POP_CORRUPT and head_seq != ring.pos - 1 + ring.capacity:
+                        self.ring_damaged(client_id, f"ring cell at position {ring.pos - 1} "
+                                          f"held {head_seq:#x}")
+            if advance or tries > 2 * self.maps.layout.slots_per_client + 2:
+                start, left, tries = start + 1, left - 1, 0
+            items, stop, start, left = self._drain(start, left) if left > 0 else ([], None, start, 0)
+            fresh = True
+        for client_id in list(self.stalls):  # stalls that ended (published, or skipped)
+            if client_id not in stalled:
+                del self.stalls[client_id]
         return took
 
     def take(self, client_id: int, slot: int, gen: int, honoured: bytes | None = None) -> None:
@@ -247,46 +285,39 @@ class Intake:
         self.maps.record_answers(model_id, [(int(r.status), p.arrived_ns)], int(r.reason))
         p.arena.ops.complete(p.slot_off, p.generation, int(r.status), r.message, [])
 
-    def may_skip_claim(self, owner: int, head_seq: int) -> bool:
-        """The ring head is claimed by `owner` and not published. Skip it if that
-        lease is dead, if the owner is no client at all (a forged claim), or once it
+    def may_skip_claim(self, client_id: int, ring: RingConsumer, head_seq: int) -> bool:
+        """The head of a client's ring is claimed and not published. Skip it once it
         has held the head for RING_STALL_NS: then the owner's publish fails and a live
-        client pushes again. A lease caught stalling is skipped at once for SUSPECT_NS."""
-        if owner >= self.maps.layout.max_clients:
-            return True
-        state, lease = self.maps.lease_of(owner)
-        now = now_ns()
-        suspect = self.suspects.get(owner)
-        if state != ClientState.ALIVE or (suspect and suspect[0] == lease and now < suspect[1]):
-            return True
-        if self.stall is None or self.stall[0] != (self.ring.pos, head_seq):
-            self.stall = ((self.ring.pos, head_seq), now)
+        client pushes again. Only that client's own requests wait meanwhile."""
+        now, at = now_ns(), (ring.pos, head_seq)
+        stall = self.stalls.get(client_id)
+        if stall is None or stall[0] != at:
+            self.stalls[client_id] = (at, now)
             return False
-        if now - self.stall[1] < RING_STALL_NS:
+        if now - stall[1] < RING_STALL_NS:
             return False
-        # The owner in a claim word is not authenticated (a client may forge another's
-        # id): the suspicion lapses, and a skipped honest client just pushes again.
-        self.suspects[owner] = (lease, now + SUSPECT_NS)
-        self.ring_damaged(f"client {owner} held a ring claim unpublished for "
-                          f"{(now - self.stall[1]) / 1e6:.0f} ms")
+        del self.stalls[client_id]
+        self.ring_damaged(client_id, f"a claim in its ring stayed unpublished for "
+                          f"{(now - stall[1]) / 1e6:.0f} ms")
         return True
 
     def stall_ends(self) -> int | None:
-        """When the grace of the stalled claim at the ring head ends (None: no stall):
-        the loop must come back then to skip it."""
-        return None if self.stall is None else self.stall[1] + RING_STALL_NS
+        """When the grace of the earliest stalled claim ends (None: no stall): the loop
+        must come back then to skip it."""
+        return min((since + RING_STALL_NS for _, since in self.stalls.values()), default=None)
 
-    def ring_damaged(self, what: str) -> None:
-        """A client broke the ring's rules: entries may have been lost, so sweep now."""
+    def ring_damaged(self, client_id: int, what: str) -> None:
+        """A client broke its ring's rules: its entries may have been lost, so sweep
+        its slots now and often for a while."""
         now = now_ns()
         if now - self.damage_logged_at >= SWEEP_NS:  # one line a second, not a flood
-            log.warning("request ring: %s", what)
+            log.warning("client %d's submission ring: %s", client_id, what)
             self.damage_logged_at = now
         self.sweep_at = 0
-        self.damaged_until = now + SWEEP_NS
+        self.damaged[client_id] = now + SWEEP_NS
 
     def next_sweep(self) -> int | None:
-        """When the loop must come back for a sweep: only while the ring is damaged
+        """When the loop must come back for a sweep: only while a ring is damaged
         (the regular sweep rides on the idle check)."""
         return self.sweep_at if now_ns() < self.damaged_until else None
 
@@ -298,15 +329,20 @@ class Intake:
         now = now_ns()
         if now < self.sweep_at:
             return
-        damaged = now < self.damaged_until
-        if self.sweep(min_age_ns=DAMAGED_SWEEP_NS if damaged else SWEEP_NS // 10) \
-                and now - self.lost_logged_at >= SWEEP_NS:  # one line a second at most
-            log.warning("request ring: took requests whose ring entries were lost")
+        self.damaged = {c: until for c, until in self.damaged.items() if until > now}
+        full = now >= self.full_sweep_at
+        if full:  # every lease's slots; in between, only the damaged rings' clients'
+            self.full_sweep_at = now + SWEEP_NS
+        taken = self.sweep(min_age_ns=SWEEP_NS // 10) if full else 0
+        if self.damaged:
+            taken += self.sweep(min_age_ns=DAMAGED_SWEEP_NS, clients=tuple(self.damaged))
+        if taken and now - self.lost_logged_at >= SWEEP_NS:  # one line a second at most
+            log.warning("took requests whose ring entries were lost")
             self.lost_logged_at = now
         if now - self.leases_dropped_at >= SWEEP_NS:
             self.maps.drop_ended_leases()
             self.leases_dropped_at = now
-        self.sweep_at = now_ns() + (DAMAGED_SWEEP_NS if damaged else SWEEP_NS)
+        self.sweep_at = now_ns() + (DAMAGED_SWEEP_NS if self.damaged else SWEEP_NS)
 
     def recover(self, draining: dict[int, int] | None = None) -> int:
         """After a restart: takes again every request a previous batcher had claimed
@@ -334,25 +370,25 @@ class Intake:
         return recovered
 
     def sweep(self, requeue_unassigned: set[int] | None = None, min_age_ns: int = SWEEP_NS // 10,
-              honoured: bytes | None = None) -> int:
+              honoured: bytes | None = None, clients=None) -> int:
         """Takes every SUBMITTED request of a live lease that the ring does not hold:
-        its entry was lost (a client overwrote ring cells) or popped by a batcher that
-        died. Slot states, in each client's own arena, are the truth; the ring only
+        its entry was lost (its client overwrote its ring's cells) or popped by a
+        batcher that died. Slot states, in each client's own arena, are the truth; the ring only
         says where to look first. A late duplicate entry is ignored by take().
         With requeue_unassigned (after a restart), QUEUED requests whose shadow index
         is not in that set are taken again too. A request younger than min_age_ns (by
         its client's ENQUEUE stamp) is left to its ring entry: its push may be under
-        way. Returns how many were taken."""
+        way. clients: only these (None: every lease). Returns how many were taken."""
         layout = self.maps.layout
-        in_ring = set(self.ring.pending())
         now = now_ns()
         taken = 0
-        for client_id in range(layout.max_clients):
+        for client_id in range(layout.max_clients) if clients is None else clients:
             state, lease = self.maps.lease_of(client_id)
             mapped = self.maps.arena(client_id, lease) if state == ClientState.ALIVE else None
             if mapped is None:
                 continue
             arena, alayout = mapped
+            in_ring = set(self.ring_in(client_id, arena, alayout).pending())
             for slot in range(layout.slots_per_client):
                 off = alayout.slot(slot)
                 # SYNC POINT: the seq_cst load pairs with the client's release store of

@@ -27,13 +27,16 @@ class ServerMaps:
     def __init__(self, boot: dict):
         self.layout = ServerLayout(boot["max_clients"], boot["slots_per_client"],
                                    boot["n_models"], boot["n_workers"])
-        # Both inherited from the coordinator (memfds without names): mapped, then closed.
+        # Inherited from the coordinator (memfds without names): mapped, then closed.
         self.control = Segment.from_fd(boot["control_fd"], boot["control_bytes"], "control segment")
         os.close(boot["control_fd"])
+        self.bell = Segment.from_fd(boot["bell_fd"], boot["bell_bytes"], "bell segment")
+        os.close(boot["bell_fd"])
         self.server = Segment.from_fd(boot["server_fd"], self.layout.size, "server segment")
         os.close(boot["server_fd"])
         self.server.ops.check_header("server")
         self.ctl = self.control.ops
+        self.bell_ops = self.bell.ops
         self.srv = self.server.ops
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
         self.spin.watch(self.srv, L["server.crowded"])  # the coordinator's cpu_watch
@@ -179,7 +182,7 @@ class ServerMaps:
         srv.wake(turn_off)
 
     def ring_batcher(self) -> None:
-        self.ctl.ring_batcher()
+        self.ctl.ring_batcher(self.bell_ops)
 
     def record_answers(self, model_id: int, answers: list, reason: int = -1) -> None:
         """Statistics of requests answered now: [(status, taken_ns)], a failure under

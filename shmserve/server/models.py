@@ -230,7 +230,7 @@ class ModelControl:
             except OSError:
                 pass
         self.server.ops.store32(L["server.table_epoch"], self.table_epoch)
-        self.control.ops.ring_batcher()
+        self.control.ops.ring_batcher(self.bell.ops)
 
     def write_model_entry(self, index: int, spec: ModelSpec, generation: int = 0) -> None:
         """Entry `index` of the segment's table for `spec`, not ready, its statistics

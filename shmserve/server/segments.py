@@ -157,17 +157,17 @@ class ServerLayout:
         return self.mailboxes_offset + worker * LAYOUT["mailbox.size"]
 
 
-def control_size(ring_capacity: int) -> int:
-    return _core.control_bytes(ring_capacity)
+def control_size() -> int:
+    return _core.control_bytes()
 
 
-def control_ring_offset() -> int:
-    return LAYOUT["control.size"]
+def bell_size() -> int:
+    return _core.bell_bytes()
 
 
-def init_control(ops, ring_capacity: int, server_pid: int) -> None:
-    """Writes a fresh control block and ring into a zeroed control segment."""
-    ops.init_control(ring_capacity, server_pid)
+def init_control(ops, server_pid: int) -> None:
+    """Writes a fresh control block into a zeroed control segment."""
+    ops.init_control(server_pid)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,8 +179,17 @@ class ArenaLayout:
     segment_bytes: int
 
     @functools.cached_property
-    def _offsets(self) -> tuple[int, int, int]:
+    def _offsets(self) -> tuple[int, int, int, int, int]:
         return _core.arena_layout(self.n_slots, 0)
+
+    @property
+    def ring_offset(self) -> int:
+        """The submission ring's first cell (enqueue_pos is in the header)."""
+        return self._offsets[3]
+
+    @property
+    def ring_capacity(self) -> int:
+        return self._offsets[4]
 
     @property
     def slots_offset(self) -> int:

@@ -86,7 +86,8 @@ class Supervisor:
         shared = (boot["trace"]["fd"],) if "trace" in boot else ()
         if child.role != "front":  # the batcher and the workers map both segments, inherited
             boot["server_fd"], boot["control_fd"] = self.server.fd, self.control.fd
-            shared += (self.server.fd, self.control.fd)
+            boot["bell_fd"] = self.bell.fd
+            shared += (self.server.fd, self.control.fd, self.bell.fd)
         try:
             module = (f"shmserve.front.{boot['protocol']}" if child.role == "front"
                       else f"shmserve.server.{child.role}")
@@ -236,4 +237,4 @@ class Supervisor:
             self.server.ops.store32(self.layout.model(e.index) + L["model.ready"], 0)
             log.error("model unavailable: '%s' version %d: every instance was retired",
                       spec.name, spec.version)
-        self.control.ops.ring_batcher()
+        self.control.ops.ring_batcher(self.bell.ops)
