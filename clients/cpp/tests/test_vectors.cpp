@@ -214,17 +214,37 @@ void test_vectors(const std::string &path) {
   uint64_t claim = shms_claim_word(3, 4097);
   CHECK(hex(&claim, 8) == want("claim_word"), "claim word ", hex(&claim, 8));
 
-  // A ring of 8 cells (shms_control_init), enqueue_pos 4097, one real push (shms_ring_push).
-  std::vector<uint64_t> buf(shms_control_bytes(8) / 8);
-  CHECK(shms_control_init(buf.data(), shms_control_bytes(8), 8, 0) == 0, "control init failed");
-  shms_ring ring;
-  CHECK(shms_ring_attach(&ring, buf.data(), shms_control_bytes(8)) == 0, "attach failed");
-  ring.ctl->enqueue_pos.store(4097);
-  ring.cells[1].seq.store(4097);
-  CHECK(shms_ring_push(&ring, 3, 5, 7) == SHMS_RING_OK, "push failed");
-  uint64_t enq = ring.ctl->enqueue_pos.load();
-  CHECK(hex(&ring.cells[1], 32) + hex(&enq, 8) == want("ring_cell_after_push"),
-        "ring cell differs: ", hex(&ring.cells[1], 32) + hex(&enq, 8));
+  // The v5 layout the vectors' offsets assume (docs/protocol.md section 12): with 32
+  // slots, the ring at 192..1215, slots at 0x4C0, data at 0x28000 as in v4.
+  const shms_arena_geometry g32 = shms_arena_layout(32, 0x100000);
+  CHECK(g32.ring_offset == 192 && g32.ring_capacity == 32 && g32.slots_offset == 0x4C0 && g32.data_offset == 0x28000,
+        "arena geometry of 32 slots: ring ", g32.ring_offset, " x", g32.ring_capacity, ", slots ", g32.slots_offset,
+        ", data ", g32.data_offset);
+  CHECK(sizeof(shms_control) == 64 && sizeof(shms_bell) == 64 && sizeof(shms_arena_header) == 192 &&
+            offsetof(shms_arena_header, enqueue_pos) == 128 && offsetof(shms_control, batcher_sleeping) == 40 &&
+            shms_control_bytes() == 4096 && SHMS_BELL_BYTES == 4096,
+        "v5 segment layout");
+
+  // A submission ring of 8 cells in an arena of 8 slots (shms_arena_init), enqueue_pos
+  // 4097, one real push (shms_ring_push).
+  const shms_arena_geometry g = shms_arena_layout(8, 0);
+  std::vector<uint64_t> buf(g.segment_bytes / 8);
+  shms_arena_init(buf.data(), &g, 8, 3, 1);
+  shms_ring ring{};
+  const bool attached = shms_ring_attach(&ring, buf.data(), g.segment_bytes) == 0;
+  CHECK(attached, "attach failed");
+  if (attached) {
+    CHECK(ring.capacity == 8 && reinterpret_cast<char *>(ring.cells) == reinterpret_cast<char *>(buf.data()) + 192 &&
+              reinterpret_cast<char *>(ring.enqueue_pos) == reinterpret_cast<char *>(buf.data()) + 128,
+          "ring of an arena: ", ring.capacity, " cells at ",
+          reinterpret_cast<char *>(ring.cells) - reinterpret_cast<char *>(buf.data()));
+    ring.enqueue_pos->store(4097);
+    ring.cells[1].seq.store(4097);
+    CHECK(shms_ring_push(&ring, 3, 5, 7) == SHMS_RING_OK, "push failed");
+    uint64_t enq = ring.enqueue_pos->load();
+    CHECK(hex(&ring.cells[1], 32) + hex(&enq, 8) == want("ring_cell_after_push"),
+          "ring cell differs: ", hex(&ring.cells[1], 32) + hex(&enq, 8));
+  }
 
   CHECK(hex(encode_bytes({"ab", ""})) == want("bytes_tensor"), "BYTES encoding differs");
   auto items = decode_bytes("\x02\0\0\0ab\0\0\0\0", 10, 2);

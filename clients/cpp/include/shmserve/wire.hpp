@@ -1,5 +1,5 @@
 // shmserve C++ client: the control-socket codec (docs/protocol.md section 2), protocol
-// version SHMS_PROTOCOL_VERSION (4).
+// version SHMS_PROTOCOL_VERSION (5).
 //
 // A frame is a big-endian u32 length, then one msgpack map. Requests carry "op";
 // replies carry "ok" and either the answer's fields or "code", "error" and "type".
@@ -299,14 +299,14 @@ using ModelMetadata = ModelInfo;
 
 struct HelloReply {
   uint32_t client_id = 0, generation = 0;
-  uint64_t control_bytes = 0, arena_bytes = 0, slots_offset = 0;
+  uint64_t control_bytes = 0, bell_bytes = 0, arena_bytes = 0, slots_offset = 0;
   uint32_t n_slots = 0;
   uint64_t data_offset = 0;
   int64_t server_pid = 0, spin_us = 0;
   std::vector<ModelInfo> models;
   template <class S, class V> static void visit(S &s, V &&v) {
     v("client_id", s.client_id), v("generation", s.generation), v("control_bytes", s.control_bytes);
-    v("arena_bytes", s.arena_bytes), v("slots_offset", s.slots_offset), v("n_slots", s.n_slots);
+    v("bell_bytes", s.bell_bytes), v("arena_bytes", s.arena_bytes), v("slots_offset", s.slots_offset), v("n_slots", s.n_slots);
     v("data_offset", s.data_offset), v("server_pid", s.server_pid), v("spin_us", s.spin_us);
     v("models", s.models);
   }
@@ -365,7 +365,8 @@ struct ErrorReply {
 
 // -- requests (client -> coordinator); Reply is the answer's type
 
-/// Opens the lease; the reply carries the arena's and control segment's memfds.
+/// Opens the lease; the reply carries the memfds of the arena, the control segment
+/// (O_RDONLY) and the bell.
 struct Hello {
   static constexpr const char *op = "hello";
   using Reply = HelloReply;

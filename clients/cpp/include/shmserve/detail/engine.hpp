@@ -67,8 +67,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
     opts = o;
     spin_ = shms_spin_make(std::max<int64_t>(0, o.spin_us) * 1000, o.max_spin_us * 1000);
     sock = std::make_unique<ControlSocket>(o.socket_path.empty() ? socket_path(o.name) : o.socket_path);
-    // The arena's and the control segment's sealed memfds come with the reply; they
-    // are closed here whatever happens (a mapping keeps the memory).
+    // The sealed memfds of the arena, the control segment (O_RDONLY) and the bell come
+    // with the reply; they are closed here whatever happens (a mapping keeps the memory).
     std::vector<int> fds;
     struct CloseAll {
       std::vector<int> &v;
@@ -78,26 +78,34 @@ class Engine : public std::enable_shared_from_this<Engine> {
     hello.pid = getpid();
     hello.arena_bytes = o.arena_bytes;
     control::HelloReply h = sock->call(hello, &fds);
-    if (fds.size() != 2) throw ProtocolError("hello reply did not carry the arena and control descriptors");
+    if (fds.size() != 3)
+      throw ProtocolError("hello reply did not carry the arena, control and bell descriptors");
+    if (h.bell_bytes < sizeof(shms_bell)) throw ProtocolError("hello reply: bell segment too small");
     arena_map.map_fd(fds[0], h.arena_bytes);
-    ctl_map.map_fd(fds[1], h.control_bytes);
+    ctl_map.map_fd(fds[1], h.control_bytes, false);  // the server's words only: read-only
+    bell_map.map_fd(fds[2], h.bell_bytes);
     check_header(ctl_map, SHMS_MAGIC_CONTROL, "control segment");
     check_header(arena_map, SHMS_MAGIC_ARENA, "arena segment");
-    // The ring's capacity and place are fixed here, once: the header is client-writable.
-    if (shms_ring_attach(&ring, ctl_map.base, ctl_map.size) != 0)
-      throw ProtocolError("control segment: its ring is malformed");
-    spin_.crowded = &ring.ctl->crowded;  // the server's "no CPU to spin on" hint
+    // The submission ring's capacity and place are fixed here, once: the arena header
+    // is this client's to write (a stray write must not move the ring later).
+    if (shms_ring_attach(&sub.ring, arena_map.base, arena_map.size) != 0)
+      throw ProtocolError("arena segment: its submission ring is malformed");
+    shms_submitter_bells(&sub, ctl_map.base, bell_map.base, arena_map.base);
+    ctl = static_cast<const shms_control *>(ctl_map.base);
+    // The server's "no CPU to spin on" hint; shms_spin only loads it (the page is read-only).
+    spin_.crowded = &static_cast<shms_control *>(ctl_map.base)->crowded;
     client_id = h.client_id;
     server_pid = static_cast<pid_t>(h.server_pid);
     n_slots = h.n_slots;
     arena = static_cast<char *>(arena_map.base);
     hdr = reinterpret_cast<shms_arena_header *>(arena);
     // docs/protocol.md section 12: the arena is where the hello reply and the shared
-    // geometry (shms_arena_layout) say its slots and data are.
+    // geometry (shms_arena_layout) say its submission ring, slots and data are.
     const shms_arena_geometry g = shms_arena_layout(n_slots, h.arena_bytes - std::min(h.arena_bytes, h.data_offset));
     if (n_slots == 0 || h.data_offset > h.arena_bytes || hdr->client_id != client_id || hdr->n_slots != n_slots ||
         hdr->slots_offset != h.slots_offset || hdr->data_offset != h.data_offset ||
-        g.slots_offset != h.slots_offset || g.data_offset != h.data_offset)
+        g.slots_offset != h.slots_offset || g.data_offset != h.data_offset || sub.ring.capacity != g.ring_capacity ||
+        reinterpret_cast<char *>(sub.ring.cells) != arena + g.ring_offset)
       throw ProtocolError("arena segment: its layout is not the one the hello reply announced");
     slots = reinterpret_cast<shms_slot *>(arena + h.slots_offset);
     alloc.reset(h.data_offset, h.arena_bytes);
@@ -173,9 +181,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
       *why = "the client is closed";
       return false;
     }
-    // control.server_state is only a hint (any client can write it): the pid and the
-    // lease socket decide; the hint only words the message.
-    const bool stopped = shms_load(&ring.ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED;
+    // The pid and the lease socket decide; control.server_state (the server's word:
+    // clients map the block read-only) only words the message.
+    const bool stopped = server_stopped();
     const std::string server = "server '" + opts.name + "'";
     if (::kill(server_pid, 0) != 0 && errno == ESRCH) {
       *why = server + (stopped ? " has stopped" : " (pid " + std::to_string(server_pid) + ") died");
@@ -264,7 +272,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   /// publishes the request and pushes its ring entry. On failure the slot is free again.
   void send(const std::shared_ptr<Call> &c) {
     if (closed.load()) throw ServerDeadError("the client is closed");
-    if (shms_load(&ring.ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED) check_server();
+    if (server_stopped()) check_server();
     uint32_t s = acquire_slot();
     {
       std::lock_guard<std::mutex> g(mu);
@@ -448,6 +456,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
     }
   }
 
+  /// control.server_state says the server stopped (a load: the block is read-only).
+  bool server_stopped() const {
+    return shms_load(&ctl->server_state, memory_order_acquire) == SHMS_SERVER_STOPPED;
+  }
+
   static void check_header(const Mapping &m, uint64_t magic, const char *what) {
     if (const char *why = shms_check_header(m.base, m.size, magic))
       throw ProtocolError(std::string(what) + ": not a shmserve protocol " + std::to_string(SHMS_PROTOCOL_VERSION) +
@@ -496,15 +509,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
     r.sequence_id_offset = c.sequence_id_offset;
     r.sequence_id_bytes = c.sequence_id_bytes;
     shms_slot_submit(slot, c.generation);
-    int rc = shms_push_request(&ring, client_id, s, c.generation, &Engine::lease_alive, this);
+    int rc = shms_push_request(&sub, client_id, s, c.generation, &Engine::lease_alive, this);
     return rc != SHMS_RING_OK && !shms_slot_withdraw(slot) ? SHMS_RING_OK : rc;
   }
 
   static std::string push_failure(int rc) {
     if (rc < 0) return "this client's lease ended";
     if (rc == SHMS_RING_FULL) return "request ring is full; retry later";
+    // Only this client writes its ring: its claims stayed unpublished past the
+    // batcher's grace (threads starved of CPU), or something in this process wrote there.
     return "the batcher skipped this client's ring entry " + std::to_string(SHMS_PUSH_MAX_TRIES) +
-           " times (another client is damaging the ring); retry later";
+           " times (its claims stalled, or its ring is damaged); retry later";
   }
 
   /// Reads every DONE slot's answer into its Call and frees the slot. Returns how many.
@@ -608,8 +623,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::mutex sock_mu;
   std::unique_ptr<ControlSocket> sock;
   std::atomic<bool> closed{false};
-  Mapping ctl_map, arena_map;
-  shms_ring ring{};
+  Mapping ctl_map, bell_map, arena_map;
+  const shms_control *ctl = nullptr;  // PROT_READ: loads only
+  shms_submitter sub{};               // this client's ring, the bell, the sleep token
   char *arena = nullptr;
   shms_arena_header *hdr = nullptr;
   shms_slot *slots = nullptr;

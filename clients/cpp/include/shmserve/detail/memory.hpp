@@ -92,9 +92,11 @@ struct Mapping {
     if (base != MAP_FAILED) munmap(base, size);
   }
   /// Maps `want` bytes of a received descriptor (a memfd: the arena, the control
-  /// segment); the caller closes it. The server seals their size; a descriptor without
-  /// those seals is refused (a peer could shrink it and make every access a SIGBUS).
-  void map_fd(int fd, uint64_t want) {
+  /// segment, the bell); the caller closes it. The server seals their size; a descriptor
+  /// without those seals is refused (a peer could shrink it and make every access a
+  /// SIGBUS). writable false: PROT_READ only (the control block's descriptor is
+  /// O_RDONLY, so a shared writable mapping of it fails).
+  void map_fd(int fd, uint64_t want, bool writable = true) {
     struct stat st;
     int seals = fcntl(fd, F_GET_SEALS);
     const int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
@@ -102,7 +104,7 @@ struct Mapping {
         (seals & need) != need)
       throw ProtocolError("segment descriptor is smaller than announced or not sealed");
     size = want;
-    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    base = mmap(nullptr, size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) throw ServerDeadError(std::string("cannot map a segment: ") + std::strerror(errno));
   }
 };

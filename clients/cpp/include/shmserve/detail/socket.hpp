@@ -60,8 +60,8 @@ class ControlSocket {
 
   /// Sends one request and returns its typed reply (the typed error of an error
   /// reply). With received_fds, descriptors sent along with the reply (SCM_RIGHTS: the
-  /// hello reply carries the arena's and the control segment's memfds) are appended
-  /// there; the caller owns them, also when this throws.
+  /// hello reply carries the memfds of the arena, the control segment and the bell) are
+  /// appended there; the caller owns them, also when this throws.
   template <class Req> typename Req::Reply call(const Req &request, std::vector<int> *received_fds = nullptr) {
     msgpack::object_handle body = exchange(control::encode(request), received_fds);
     return control::decode_reply<Req>(body.get());
