@@ -23,12 +23,14 @@
  *            [3] >= 0xF0: slot generation 8, else 7 (the ring entry's)
  *            [4..] the slot's shms_request (3136 bytes; zeros past the input)
  *
- * ring     the ring of a control segment of 4096 bytes that clients vandalise, with
- *          honest pushes and the batcher's consumer steps between.
- *            [0] bit 0: the control block's first 256 bytes are [1..256] (raw), then
- *                ring_attach, which must refuse it or give cells inside the segment,
- *                and enqueue_pos becomes near(its value); else a fresh block (ring
- *                of 8). Then operations of 1 + 13 bytes each, [op % 5] [13 operands]:
+ * ring     a client's submission ring, in its arena of 8 slots and no data (ring of 8,
+ *          shms_arena_layout), that the client vandalises, with honest pushes and
+ *          the batcher's consumer steps between.
+ *            [0] bit 0: the arena header's 192 bytes are [1..192] (raw), then
+ *                ring_attach, which must refuse it or give cells between the header
+ *                and the header's slots_offset, inside the segment, and enqueue_pos
+ *                becomes near(its value); else a fresh arena (shms_arena_init).
+ *                Then operations of 1 + 13 bytes each, [op % 5] [13 operands]:
  *            0 push          owner = a[0], slot = a[1], generation = a[2]
  *            1 consume       repair, pop; a STALLED head skipped when a[0] is odd, a
  *                            CORRUPT one always (the batcher skips those after a grace)
@@ -201,9 +203,10 @@ static void fuzz_take(reader *in) {
 
 /* ---------------------------------------------------------------- ring */
 
-enum { RING_CAP = 8, CTL_BYTES = 4096, MODEL_MAX = 1024 };
+enum { RING_SLOTS = 8, RING_CAP = 8, MODEL_MAX = 1024 };
 
-static uint8_t *ctl_base;
+static uint8_t *ring_base; /* an arena of RING_SLOTS slots, no data */
+static shms_arena_geometry ring_g;
 
 typedef struct {
   uint32_t client_id, slot, generation;
@@ -212,26 +215,33 @@ typedef struct {
 static uint64_t near(uint64_t v, uint64_t cap) { return v % (8 * cap + 1) - 4 * cap; }
 
 static void fuzz_ring(reader *in) {
-  memset(ctl_base, 0, CTL_BYTES);
+  const uint64_t bytes = ring_g.segment_bytes;
+  memset(ring_base, 0, bytes);
+  shms_arena_init(ring_base, &ring_g, RING_SLOTS, 1, 1);
   shms_ring r;
   int honest = 1; /* no vandal write yet: the ring must behave as a FIFO */
   if (u8(in) & 1) {
-    shms_control_init(ctl_base, CTL_BYTES, RING_CAP, 1);
-    for (size_t i = 0; i < sizeof(shms_control); i++) ctl_base[i] = u8(in);
-    if (shms_ring_attach(&r, ctl_base, CTL_BYTES) != 0) return;
+    for (size_t i = 0; i < sizeof(shms_arena_header); i++) ring_base[i] = u8(in);
+    if (shms_ring_attach(&r, ring_base, bytes) != 0) return;
     uint8_t *cells = (uint8_t *)r.cells;
-    CHECK(cells >= ctl_base + sizeof(shms_control) &&
-              r.capacity <= (CTL_BYTES - sizeof(shms_control)) / sizeof(shms_ring_cell) &&
-              cells + r.capacity * sizeof(shms_ring_cell) <= ctl_base + CTL_BYTES,
-          "attached a ring of %llu cells at offset %lld", (unsigned long long)r.capacity,
-          (long long)(cells - ctl_base));
+    uint64_t slots_offset = ((shms_arena_header *)ring_base)->slots_offset;
+    CHECK(cells >= ring_base + sizeof(shms_arena_header) && r.capacity >= 2 &&
+              !(r.capacity & (r.capacity - 1)) &&
+              r.capacity <= (bytes - sizeof(shms_arena_header)) / sizeof(shms_ring_cell) &&
+              slots_offset <= bytes &&
+              cells + r.capacity * sizeof(shms_ring_cell) <= ring_base + slots_offset &&
+              (uint8_t *)r.enqueue_pos == ring_base + offsetof(shms_arena_header, enqueue_pos),
+          "attached a ring of %llu cells at offset %lld (slots at %llu)",
+          (unsigned long long)r.capacity, (long long)(cells - ring_base),
+          (unsigned long long)slots_offset);
     /* The header's enqueue_pos within 4 laps too (see above). */
-    shms_store(&r.ctl->enqueue_pos, near(shms_load(&r.ctl->enqueue_pos, memory_order_relaxed),
-                                         r.capacity), memory_order_relaxed);
+    shms_store(r.enqueue_pos, near(shms_load(r.enqueue_pos, memory_order_relaxed), r.capacity),
+               memory_order_relaxed);
     honest = 0;
   } else {
-    CHECK(shms_control_init(ctl_base, CTL_BYTES, RING_CAP, 1) == 0, "control init");
-    CHECK(shms_ring_attach(&r, ctl_base, CTL_BYTES) == 0, "attach a fresh ring");
+    CHECK(shms_ring_attach(&r, ring_base, bytes) == 0, "attach a fresh ring");
+    CHECK(r.capacity == RING_CAP && (uint8_t *)r.cells == ring_base + ring_g.ring_offset,
+          "fresh ring of %llu cells", (unsigned long long)r.capacity);
   }
   const uint64_t cap = r.capacity;
   uint64_t pos = 0; /* the consumer's private position */
@@ -255,7 +265,7 @@ static void fuzz_ring(reader *in) {
     } else if (op == 1) {
       int repaired = shms_ring_repair(&r, pos);
       CHECK(!honest || !repaired, "repaired an honest ring");
-      uint64_t enq = shms_load(&r.ctl->enqueue_pos, memory_order_relaxed);
+      uint64_t enq = shms_load(r.enqueue_pos, memory_order_relaxed);
       CHECK(enq - pos <= cap, "enqueue_pos %llu is %lld from the head after repair",
             (unsigned long long)enq, (long long)(enq - pos));
       uint64_t p = pos, head_seq = 0;
@@ -300,7 +310,7 @@ static void fuzz_ring(reader *in) {
       c->generation = (uint32_t)le(&ar, 4);
       honest = 0;
     } else {
-      shms_store(&r.ctl->enqueue_pos, pos + near(le(&ar, 8), cap), memory_order_relaxed);
+      shms_store(r.enqueue_pos, pos + near(le(&ar, 8), cap), memory_order_relaxed);
       honest = 0;
     }
   }
@@ -347,7 +357,8 @@ int main(int argc, char **argv) {
     take_setup();
     target = fuzz_take;
   } else if (!strcmp(name, "ring")) {
-    ctl_base = malloc(CTL_BYTES);
+    ring_g = shms_arena_layout(RING_SLOTS, 0);
+    ring_base = malloc(ring_g.segment_bytes); /* ASan: exact bounds */
     target = fuzz_ring;
   } else if (!strcmp(name, "answer")) {
     answer_slot = malloc(sizeof *answer_slot);
