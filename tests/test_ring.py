@@ -1,5 +1,5 @@
-"""The request ring (shms_ring_push / pop / skip / repair) on an anonymous shared
-mapping, no server involved."""
+"""A client's submission ring (shms_ring_push / pop / skip / repair) in an arena on an
+anonymous shared mapping, and the batcher's doorbell; no server involved."""
 from __future__ import annotations
 
 import mmap
@@ -12,7 +12,7 @@ from shmserve import _core
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import RingResult
-from shmserve.server.segments import control_ring_offset, control_size, init_control
+from shmserve.server.segments import ArenaLayout, control_size, init_control
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,26 +27,29 @@ class Ring:
     batcher hold them (protocol.Ring / RingConsumer)."""
 
     def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.mm = mmap.mmap(-1, control_size(capacity))  # MAP_SHARED: forks see it
+        self.capacity = capacity  # an arena of `capacity` slots has a ring that large
+        layout = ArenaLayout.for_data(capacity, 0)
+        assert layout.ring_capacity == capacity
+        self.mm = mmap.mmap(-1, layout.segment_bytes)  # MAP_SHARED: forks see it
         self.ops = _core.Mapping(self.mm)
-        init_control(self.ops, capacity, os.getpid())
+        self.ops.init_arena(capacity, 0, 1, 1)
         self.producer = P.Ring(self.ops)
-        self.consumer = P.RingConsumer(self.ops, 0)
+        assert (self.producer.offset, self.producer.capacity) == (layout.ring_offset, capacity)
+        self.srv = _core.Mapping(bytearray(64))  # where the batcher keeps its position
+        self.consumer = P.RingConsumer(self.ops, layout.ring_offset, capacity, self.srv, 0)
 
     def cell(self, pos: int) -> int:
-        return control_ring_offset() + (pos % self.capacity) * L["ring_cell.size"]
+        return self.producer.offset + (pos % self.capacity) * L["ring_cell.size"]
 
     def seq(self, pos: int) -> int:
         return self.ops.load64(self.cell(pos))
 
     @property
     def enqueue_pos(self) -> int:
-        return self.ops.load64(L["control.enqueue_pos"])
+        return self.ops.load64(L["arena.enqueue_pos"])
 
     @property
     def dequeue_pos(self) -> int:
-        assert self.ops.load64(L["control.dequeue_pos"]) == self.consumer.pos  # the mirror
         return self.consumer.pos
 
     def push(self, owner, slot, gen):
@@ -137,7 +140,7 @@ def test_late_publish_of_a_skipped_claim_is_reclaimed():
     r = Ring(4)
     pos = r.enqueue_pos
     r.ops.store64(r.cell(pos), claim_word(3, pos))  # as if client 3 were between its CASes
-    r.ops.store64(L["control.enqueue_pos"], pos + 1)
+    r.ops.store64(L["arena.enqueue_pos"], pos + 1)
     assert r.skip() is True
     assert r.push(3, 1, 1) == RingResult.OK  # its next push lands after the skipped cell
     assert r.pop() == (3, 1, 1)
@@ -166,7 +169,7 @@ def test_forged_enqueue_pos_is_repaired_by_the_consumer(forged):
         assert r.push(1, i, i) == RingResult.OK
     assert r.pop() == (1, 0, 0)
     honest = r.enqueue_pos
-    r.ops.store64(L["control.enqueue_pos"], (honest + forged) % 2**64)
+    r.ops.store64(L["arena.enqueue_pos"], (honest + forged) % 2**64)
     if forged != 5:
         assert r.consumer.repair() is True
         assert r.enqueue_pos == honest
@@ -191,17 +194,17 @@ def test_forged_enqueue_pos_is_repaired_by_the_consumer(forged):
 
 
 def test_header_vandalism_does_not_move_attached_views():
-    """Capacity, offset and dequeue_pos in the header are read once (attach) or only
-    mirrored: rewriting them changes nothing for processes already attached."""
+    """The ring's capacity and offset in the arena header are read once (attach), and
+    the batcher never reads them (its own geometry): rewriting them changes nothing
+    for views already made."""
     r = Ring(8)
     assert r.push(1, 1, 1) == RingResult.OK
-    r.ops.store32(L["control.ring_capacity"], 1 << 30)
-    r.ops.store32(L["control.ring_offset"], 8)
-    r.ops.store64(L["control.dequeue_pos"], 12345)
+    r.ops.store32(L["arena.ring_capacity"], 1 << 30)
+    r.ops.store64(L["arena.ring_offset"], 8)
     assert r.push(1, 2, 2) == RingResult.OK
     assert r.pop() == (1, 1, 1)
     assert r.pop() == (1, 2, 2)
-    with pytest.raises(ValueError, match="not a shmserve control segment"):
+    with pytest.raises(ValueError, match="sane submission ring"):
         P.Ring(r.ops)  # a new attach checks the header and refuses it
 
 
@@ -254,17 +257,18 @@ def test_producer_processes_race():
     assert r.enqueue_pos == r.dequeue_pos == producers * per_producer
 
 
-def test_not_a_control_segment():
-    mm = mmap.mmap(-1, control_size(8))
+def test_not_an_arena():
+    mm = mmap.mmap(-1, control_size())
     ops = _core.Mapping(mm)
-    with pytest.raises(ValueError, match="not a shmserve control segment"):
-        P.Ring(ops)
+    init_control(ops, os.getpid())
+    with pytest.raises(ValueError, match="sane submission ring"):
+        P.Ring(ops)  # a control block is no arena
     with pytest.raises(ValueError, match="power of two"):
         ops.ring_push(256, 6, 1, 1, 1)  # a capacity that is no power of two
+    with pytest.raises(ValueError, match="overlap the arena header"):
+        ops.ring_push(64, 8, 1, 1, 1)
     with pytest.raises(IndexError):
         ops.ring_pop(256, 1 << 20, 0)  # cells past the mapping
-    with pytest.raises(ValueError, match="power of two"):
-        init_control(ops, 6, os.getpid())
 
 
 def test_mapping_bounds_are_checked():
@@ -279,7 +283,7 @@ def test_mapping_bounds_are_checked():
     with pytest.raises(IndexError):
         ops.read_result(4096 - 64)  # a slot does not fit
     with pytest.raises(ValueError, match="power of two"):  # 2**59 cells: 32 * cap wraps to 0
-        ops.push_request(256, 2 ** 59, 1, 1, 1, lambda: None)
+        ops.push_request(256, 2 ** 59, ops, ops, 1, 1, 1, lambda: None)
     with pytest.raises(OverflowError):
         ops.init_arena(1, 2 ** 63, 0, 1)
     ops.release()
@@ -333,41 +337,111 @@ def test_release_while_another_thread_waits_is_deferred():
     mm.close()  # now nothing holds it
 
 
-def test_ring_batcher_takes_back_only_the_token_of_the_sleep_it_read():
-    """The batcher's doorbell (shms_doorbell_ring_sole, protocol section 8): each sleep
-    stores a new token in control.batcher_sleeping; the first ring takes it back to 0
-    and wakes the batcher, moving the doorbell a second time (which ends that sleep
-    whatever its `seen`); the rings after it find 0 (no system call). A ringer that
-    read the token of an earlier sleep and was preempted cannot clear the next one's."""
+def _sole_sleeper(bell, control):
+    """sleep_once(seen): the batcher's sole wait on bell.doorbell, its token in
+    control.batcher_sleeping (30 s at most), on a thread; returns (thread, [how it woke])."""
     import threading
 
-    r = Ring(8)
-    bell, sleeping = L["control.doorbell"], L["control.batcher_sleeping"]
+    word, sleeping = L["bell.doorbell"], L["control.batcher_sleeping"]
 
-    def sleep_once(seen):  # the sole waiter (30 s at most); returns its thread
+    def sleep_once(seen):
         woke = []
         t = threading.Thread(target=lambda: woke.append(
-            r.ops.doorbell_wait(bell, sleeping, seen, 0, 30_000_000_000, True)), daemon=True)
+            bell.doorbell_wait(word, sleeping, seen, 0, 30_000_000_000, True, control)),
+            daemon=True)
         t.start()
-        while not r.ops.load32(sleeping):  # asleep, or about to be
+        while not control.load32(sleeping):  # asleep, or about to be
             pass
         return t, woke
+    return sleep_once
+
+
+def _control_and_bell():
+    control = _core.Mapping(mmap.mmap(-1, control_size()))
+    init_control(control, os.getpid())
+    return control, _core.Mapping(mmap.mmap(-1, 4096))
+
+
+def test_ring_batcher_takes_back_only_the_token_of_the_sleep_it_read():
+    """A server process ringing the batcher (shms_doorbell_ring_sole, protocol section
+    8): each sleep stores a new token in control.batcher_sleeping; the first ring
+    takes it back to 0 and wakes the batcher, moving the doorbell a second time (which
+    ends that sleep whatever its `seen`); the rings after it find 0 (no system call).
+    A ringer that read the token of an earlier sleep and was preempted cannot clear
+    the next one's."""
+    control, bell = _control_and_bell()
+    sleeping, word = L["control.batcher_sleeping"], L["bell.doorbell"]
+    sleep_once = _sole_sleeper(bell, control)
 
     t, woke = sleep_once(0)
-    first = r.ops.load32(sleeping)
-    r.ops.ring_batcher()
-    assert r.ops.load32(sleeping) == 0  # taken back by the ring, before the waiter ran
-    r.ops.ring_batcher()  # a second push of the burst: nothing to wake, nothing to clear
+    first = control.load32(sleeping)
+    control.ring_batcher(bell)
+    assert control.load32(sleeping) == 0  # taken back by the ring, before the waiter ran
+    control.ring_batcher(bell)  # a second push of the burst: nothing to wake, nothing to clear
     t.join(10)
     assert not t.is_alive() and woke == [P.Wake.SLEEP], "the ring did not wake the batcher"
-    assert r.ops.load32(bell) == 3  # the winning ring's two moves, the other's one
+    assert bell.load32(word) == 3  # the winning ring's two moves, the other's one
 
     t, woke = sleep_once(3)
-    second = r.ops.load32(sleeping)
+    second = control.load32(sleeping)
     assert second not in (0, first)  # a new token for a new sleep
-    assert not r.ops.cas32(sleeping, first, 0)  # the stale ringer's clear fails
-    assert r.ops.load32(sleeping) == second and t.is_alive()
-    r.ops.ring_batcher()  # so the next push still wakes it
+    assert not control.cas32(sleeping, first, 0)  # the stale ringer's clear fails
+    assert control.load32(sleeping) == second and t.is_alive()
+    control.ring_batcher(bell)  # so the next push still wakes it
     t.join(10)
     assert not t.is_alive() and woke == [P.Wake.SLEEP]
-    assert r.ops.load32(sleeping) == 0 and r.ops.load32(bell) == 5
+    assert control.load32(sleeping) == 0 and bell.load32(word) == 5
+
+
+def test_a_client_wakes_each_sleep_once_without_writing_the_token():
+    """A client's ring (shms_doorbell_ring_client, protocol section 8): it reads the
+    sleep's token from the control block (read-only to it) and records it in its own
+    arena (rang_token); its first push after the batcher fell asleep moves the doorbell
+    twice and wakes it, the next pushes of its burst find the token theirs and make no
+    system call; the next sleep's new token is woken again. The token stays the
+    batcher's until its sleep ends."""
+    control, bell = _control_and_bell()
+    r = Ring(8)
+    sleeping, word, rang = L["control.batcher_sleeping"], L["bell.doorbell"], L["arena.rang_token"]
+    sleep_once = _sole_sleeper(bell, control)
+
+    def push(i):
+        return r.ops.push_request(r.producer.offset, r.capacity, control, bell, 1, i, i,
+                                  lambda: None)
+
+    t, woke = sleep_once(0)
+    token = control.load32(sleeping)
+    assert push(0) == RingResult.OK
+    assert r.ops.load32(rang) == token  # recorded in the client's own arena
+    assert push(1) == RingResult.OK  # same sleep: no second wake-up, one move only
+    t.join(10)
+    assert not t.is_alive() and woke == [P.Wake.SLEEP], "the push did not wake the batcher"
+    assert bell.load32(word) == 3  # the first push's two moves, the second's one
+    assert control.load32(sleeping) == 0  # the batcher cleared its own token on waking
+
+    t, woke = sleep_once(bell.load32(word))
+    assert control.load32(sleeping) not in (0, token)
+    assert push(2) == RingResult.OK  # a new sleep: woken again
+    t.join(10)
+    assert not t.is_alive() and woke == [P.Wake.SLEEP]
+    assert [r.pop() for _ in range(3)] == [(1, 0, 0), (1, 1, 1), (1, 2, 2)]
+
+
+def test_a_read_only_mapping_refuses_writes():
+    """A client maps the control block read-only: the Mapping's stores raise instead of
+    faulting, and a wait cannot use it for its sleeping word."""
+    mm = mmap.mmap(-1, 4096)
+    fd = os.memfd_create("ro-test")
+    try:
+        os.ftruncate(fd, 4096)
+        view = _core.Mapping(mmap.mmap(fd, 4096, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)
+    assert view.readonly and view.load32(0) == 0
+    for write in (lambda: view.store32(0, 1), lambda: view.add32(0, 1),
+                  lambda: view.cas32(0, 0, 1), lambda: view.store64(0, 1),
+                  lambda: view.put(0, b"x"), lambda: view.ring_batcher(view)):
+        with pytest.raises(PermissionError, match="read-only"):
+            write()
+    with pytest.raises(PermissionError, match="read-only"):
+        _core.Mapping(mm).doorbell_wait(0, 4, 0, 0, 1000, True, view)

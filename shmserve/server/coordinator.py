@@ -200,7 +200,11 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
         write_record(o.name, {"pid": os.getpid(), "socket": str(self.sock_path)})
         self.control = create_sealed("shmserve-control", control_size(), what="control segment")
         # Clients get the control block read-only: a descriptor reopened O_RDONLY cannot
-        # be mapped writable. The bell is the one page they all write (its doorbell).
+        # be mapped writable, and mode 0400 keeps a caller of another uid from reopening
+        # its /proc/self/fd entry for writing (a memfd is made 0777; the server processes
+        # map the descriptors they inherit, whatever the mode). The bell is the one page
+        # they all write (its doorbell).
+        os.fchmod(self.control.fd, 0o400)
         self.control_readonly_fd = os.open(f"/proc/self/fd/{self.control.fd}",
                                            os.O_RDONLY | os.O_CLOEXEC)
         self.bell = create_sealed("shmserve-bell", bell_size(), what="bell segment")
