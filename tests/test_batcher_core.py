@@ -1,5 +1,6 @@
 """_core.BatcherCore (csrc/batcher.c): the batcher's per-request work in C, driven
-in-process over a control ring and segments built here (no server): which requests
+in-process over arenas (each with its client's submission ring) and segments built
+here (no server): which requests
 drain() takes, which go straight to an idle instance and which are queued, where it
 stops for Python, and what hand_over() stamps, records and assigns."""
 from __future__ import annotations
@@ -14,9 +15,9 @@ import pytest
 from shmserve import _core
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L, DataType, Duration, MailboxState, Status, Timestamp
-from shmserve.server.intake import STOP_ENTRY, STOP_INVALID
+from shmserve.server.intake import STOP_INVALID, STOP_MAP
 from shmserve.server.scheduling import Pending
-from shmserve.server.segments import ArenaLayout, control_ring_offset, control_size, init_control
+from shmserve.server.segments import ArenaLayout, control_size, init_control
 
 from helpers import server_segment_with_one_model
 
@@ -24,42 +25,48 @@ pytestmark = pytest.mark.timeout(60)
 
 FP32 = int(DataType.FP32)
 SLOTS = 4
-RING = 16
 QUEUE = int(Duration.QUEUE)  # the model statistics' durations row of queue time
 
 
 class Rig:
-    """A control ring, a server segment with one batched model (IN [4] -> OUT [4],
+    """A control block and a bell, a server segment with one batched model (IN [4] -> OUT [4],
     FP32) and two instances' mailboxes, and an arena per client with a live lease;
     `arenas` is the batcher's {client_id: (lease, Segment, ArenaLayout)}."""
 
     def __init__(self, n_clients: int = 2):
-        self.cmm = mmap.mmap(-1, control_size(RING))
+        self.cmm = mmap.mmap(-1, control_size())
         self.ctl = _core.Mapping(self.cmm)
-        init_control(self.ctl, RING, os.getpid())
-        self.ring = P.Ring(self.ctl)
+        init_control(self.ctl, os.getpid())
+        self.bell = _core.Mapping(mmap.mmap(-1, 4096))
+        self.n_clients = n_clients
         self.slay, self.smm, self.srv = server_segment_with_one_model(n_clients, SLOTS, 2)
         self.alay = ArenaLayout.for_data(SLOTS, 1 << 16)
-        self.mms, self.arenas, self.gens = [], {}, {}
+        self.mms, self.arenas, self.gens, self.rings = [], {}, {}, []
         for c in range(n_clients):
             mm = mmap.mmap(-1, self.alay.segment_bytes)
             ops = _core.Mapping(mm)
             ops.init_arena(SLOTS, 1 << 16, c, 1)
             self.srv.write_client_entry(self.slay.client(c), 1, 1, 0, self.alay.segment_bytes, "x")
             self.mms.append(mm)
+            self.rings.append(P.Ring(ops))
             self.arenas[c] = (1, types.SimpleNamespace(ops=ops), self.alay)
         self.mailboxes = [self.slay.mailbox(w) for w in range(2)]
         for mb in self.mailboxes:  # live, idle instances
             self.srv.store32(mb + L["mailbox.pid"], os.getpid())
             self.srv.store32(mb + L["mailbox.state"], MailboxState.IDLE)
-        self.core = _core.BatcherCore(self.ctl, self.srv, control_ring_offset(), RING, Pending)
-        self.pos = 0
+        self.core = _core.BatcherCore(self.ctl, self.bell, self.srv, Pending)
+        self.rotor = 0
+
+    def pos(self, client: int) -> int:
+        """The batcher's position in a client's ring (its client table entry)."""
+        return self.srv.load64(self.slay.client(client) + L["client_entry.ring_pos"])
 
     def ops(self, client: int):
         return self.arenas[client][1].ops
 
     def submit(self, client: int, slot: int, rows: int = 1, dtype: int = FP32, **options) -> int:
-        """Writes a request into a slot and pushes it on the ring; returns its generation."""
+        """Writes a request into a slot and pushes it on its client's ring; returns its
+        generation."""
         mm = self.mms[client]
         d = self.alay.data_offset + slot * 4096
         data = np.arange(rows * 4, dtype=np.float32)
@@ -69,11 +76,14 @@ class Rig:
         self.ops(client).write_request(self.alay.slot(slot), gen, 0,
                                        [(0, dtype, d, data.nbytes, (rows, 4))],
                                        [(0, FP32, d + 2048, data.nbytes, [])], *extra)
-        assert self.ring.push(client, slot, gen) == P.RingResult.OK
+        assert self.rings[client].push(client, slot, gen) == P.RingResult.OK
         return gen
 
-    def drain(self):
-        self.pos, items, stop = self.core.drain(self.pos, self.arenas)
+    def drain(self, start: int = 0):
+        """Every ring from `start` on; the rings visited before a stop are in
+        self.visited."""
+        self.visited, items, stop, self.consumed = self.core.drain(start, self.n_clients,
+                                                                   self.arenas)
         return items, stop
 
     def state(self, mb: int) -> int:
@@ -101,7 +111,7 @@ def test_a_lone_request_of_a_direct_model_goes_to_the_first_idle_instance(rig):
     rig.submit(1, 2)
     items, stop = rig.drain()
     assert (items, stop) == ([], None)
-    assert rig.pos == 1
+    assert rig.pos(1) == 1
     mb = rig.mailboxes[1]
     assert rig.state(mb) == MailboxState.ASSIGNED
     assert rig.assigned(mb) == [rig.slay.shadow_index(1, 2)]
@@ -137,14 +147,16 @@ def test_a_retired_or_unstarted_instance_is_never_assigned(rig):
 
 
 def test_two_requests_of_one_model_in_a_pass_both_queue_in_ring_order(rig):
-    """Lone means alone in the pass: two go to the scheduler, which may batch them."""
+    """Lone means alone in the pass: two go to the scheduler, which may batch them, in
+    the order drain visits the rings (from its start on), each ring in its own order."""
     rig.core.set_direct(0, rig.mailboxes)
     rig.submit(1, 0)
     rig.submit(0, 3)
-    items, stop = rig.drain()
+    rig.submit(1, 1)
+    items, stop = rig.drain(start=1)
     assert stop is None
-    assert [(p.client, p.slot_off) for _, p, _ in items] == [(1, rig.alay.slot(0)),
-                                                             (0, rig.alay.slot(3))]
+    assert [(p.client, p.slot_off) for _, p, _ in items] == [
+        (1, rig.alay.slot(0)), (1, rig.alay.slot(1)), (0, rig.alay.slot(3))]
     assert [rig.state(mb) for mb in rig.mailboxes] == [MailboxState.IDLE] * 2
 
 
@@ -181,12 +193,16 @@ def test_an_unmapped_arena_stops_the_pass_for_python(rig):
     rig.submit(0, 2)
     del rig.arenas[1]
     items, stop = rig.drain()
-    assert len(items) == 1 and items[0][1].client == 0  # the one before
-    assert stop == (STOP_ENTRY, 1, 1, gen)
-    assert rig.pos == 2  # that entry was taken from the ring: Python takes the request
+    assert [p.client for _, p, _ in items] == [0, 0]  # client 0's ring first
+    assert stop == (STOP_MAP, 1) and rig.visited == 1  # Python maps it, and goes on there
+    assert rig.pos(1) == 0  # nothing taken from that ring
     rig.arenas[1] = (2, None, None)  # a mapping of an ended lease is not used either
-    items, stop = rig.drain()
-    assert len(items) == 1 and stop is None and rig.pos == 3
+    items, stop = rig.drain(start=1)
+    assert items == [] and stop == (STOP_MAP, 1) and rig.visited == 0
+    rig.arenas[1] = (1, types.SimpleNamespace(ops=rig.rings[1].ops), rig.alay)
+    items, stop = rig.drain(start=1)
+    assert [(p.client, p.generation) for _, p, _ in items] == [(1, gen)] and stop is None
+    assert rig.pos(1) == 1
 
 
 def test_an_invalid_request_is_claimed_and_stopped_for_python_to_answer(rig):
@@ -202,13 +218,20 @@ def test_an_invalid_request_is_claimed_and_stopped_for_python_to_answer(rig):
 
 
 def test_hostile_entries_are_dropped_without_an_answer(rig):
+    """A ring is its client's alone: an entry naming another client (submitted there
+    or not), no slot, or a stale generation is dropped."""
+    gen = rig.submit(1, 3)  # client 1's own request, in its own ring
     rig.submit(0, 0)
-    assert rig.ring.push(7, 0, 1) == P.RingResult.OK  # no such client
-    assert rig.ring.push(0, SLOTS + 3, 1) == P.RingResult.OK  # no such slot
-    assert rig.ring.push(1, 3, 9) == P.RingResult.OK  # nothing submitted there: stale
-    rig.srv.write_client_entry(rig.slay.client(1), 1, 1, 0, 0, "x")
+    ring = rig.rings[0]
+    assert ring.push(7, 0, 1) == P.RingResult.OK  # no such client
+    assert ring.push(0, SLOTS + 3, 1) == P.RingResult.OK  # no such slot
+    assert ring.push(1, 3, gen) == P.RingResult.OK  # client 1's request, named by client 0
+    assert ring.push(0, 1, 1) == P.RingResult.FULL  # a ring holds as many entries as slots
+    assert rig.rings[1].push(1, 2, 9) == P.RingResult.OK  # nothing submitted there: stale
     items, stop = rig.drain()
-    assert len(items) == 1 and stop is None and rig.pos == 4
+    assert [(p.client, p.slot_off) for _, p, _ in items] == [(0, rig.alay.slot(0)),
+                                                             (1, rig.alay.slot(3))]
+    assert stop is None and rig.pos(0) == 4 and rig.pos(1) == 2
     assert rig.drain() == ([], None)  # a duplicate of nothing: still nothing
 
 
@@ -223,10 +246,10 @@ def test_hand_over_stamps_records_and_assigns_and_leaves_ended_leases_out(rig):
     rig.submit(1, 1)
     rig.submit(0, 2)
     items, _ = rig.drain()
-    batch = [p for _, p, _ in items]
+    batch = [p for _, p, _ in items]  # client 0's ring first, then client 1's
     gone = types.SimpleNamespace(ops=None)  # client 1's lease ended while queued
-    batch[1] = Pending(batch[1].shadow, 1, batch[1].key, batch[1].arrived_ns, gone,
-                       batch[1].slot_off, batch[1].generation)
+    batch[2] = Pending(batch[2].shadow, 1, batch[2].key, batch[2].arrived_ns, gone,
+                       batch[2].slot_off, batch[2].generation)
     mb = rig.mailboxes[1]
     assert rig.core.hand_over(mb, rig.slay.model(0), batch) == 2
     assert rig.assigned(mb) == [rig.slay.shadow_index(0, 0), rig.slay.shadow_index(0, 2)]
@@ -400,12 +423,12 @@ def test_a_c_queued_model_with_requests_left_asks_its_busy_instances_to_ring(rig
 def serve(rig, until_ns: int | None = None, epoch: int | None = None):
     """BatcherCore.serve from a doorbell value already gone by (so it passes at once),
     until it gives the loop back; a 1 ms idle check."""
-    bell = rig.ctl.load32(L["control.doorbell"])
+    bell = rig.bell.load32(L["bell.doorbell"])
     now = _core.now_ns()
     states = tuple(mb + L["mailbox.state"] for mb in rig.mailboxes)
     epoch = rig.srv.load32(L["server.table_epoch"]) if epoch is None else epoch
-    rig.pos, why, items, stop, handed, consumed = rig.core.serve(
-        rig.pos, rig.arenas, bell - 1, None, until_ns or now + 10**9, now + 10**9, epoch, 0,
+    rig.rotor, why, items, stop, handed, consumed, _, _ = rig.core.serve(
+        rig.rotor, rig.arenas, bell - 1, None, until_ns or now + 10**9, now + 10**9, epoch, 0,
         1_000_000, states)
     return why, items, stop, handed, consumed
 
@@ -417,7 +440,7 @@ def test_serve_runs_the_loop_in_c_until_the_idle_check(rig):
     why, items, stop, handed, consumed = serve(rig)
     assert (why, items, stop, handed, consumed) == (3, [], None, 1, 2)  # SERVE_IDLE
     assert rig.assigned(rig.mailboxes[0]) == [rig.slay.shadow_index(0, s) for s in range(2)]
-    assert rig.srv.load64(L["server.ring_pos"]) == 2  # for a successor
+    assert rig.pos(0) == 2  # for a successor
     assert rig.srv.model_stats(rig.slay.model(0))["pending"] == 0
 
 
