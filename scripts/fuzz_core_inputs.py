@@ -243,7 +243,8 @@ def take_edges() -> list[bytes]:
 
 # ---------------------------------------------------------------- ring
 
-RING_CAP, CTL_BYTES, OP_BYTES = 8, 4096, 14  # as shms_fuzz.c: opcode + 13 operand bytes
+RING_CAP, OP_BYTES = 8, 14  # as shms_fuzz.c: an arena of 8 slots; opcode + 13 operand bytes
+RING_ARENA = ArenaLayout.for_data(RING_CAP, 0)  # its ring: RING_CAP cells
 CLAIMED = 1 << 63
 
 
@@ -259,28 +260,29 @@ def replay_ring(data: bytes) -> str:
     """One ring input through Mapping.ring_attach/ring_push/ring_repair/ring_pop/
     ring_skip (the client's and the batcher's calls) and stores for the vandal's
     writes. -> "refused" (a raw header ring_attach refused) or "ran"."""
-    mm = mmap.mmap(-1, CTL_BYTES)
+    mm = mmap.mmap(-1, RING_ARENA.segment_bytes)
     ops = _core.Mapping(mm)
-    ops.init_control(RING_CAP, 1)
+    ops.init_arena(RING_CAP, 0, 1, 1)
     honest, at = True, 1
     if data[:1] and data[0] & 1:
-        head = data[1:1 + L["control.size"]].ljust(L["control.size"], b"\0")
+        head = data[1:1 + L["arena.size"]].ljust(L["arena.size"], b"\0")
         mm[:len(head)] = head
-        at += L["control.size"]
+        at += L["arena.size"]
         try:
             off, cap = ops.ring_attach()
         except ValueError:
             return "refused"
-        check(L["control.size"] <= off and off + cap * L["ring_cell.size"] <= CTL_BYTES,
-              "attached a ring outside the segment", off, cap)
-        enq = L["control.enqueue_pos"]
+        slots = ops.load64(L["arena.slots_offset"])
+        check(L["arena.size"] <= off and off + cap * L["ring_cell.size"] <= slots
+              <= RING_ARENA.segment_bytes, "attached a ring outside its place", off, cap)
+        enq = L["arena.enqueue_pos"]
         ops.store64(enq, _near(ops.load64(enq), cap) & U64)  # within 4 laps, as the harness
         honest = False
     else:
         off, cap = ops.ring_attach()
-        check((off, cap) == (L["control.size"], RING_CAP), "fresh ring", off, cap)
+        check((off, cap) == (RING_ARENA.ring_offset, RING_CAP), "fresh ring", off, cap)
     cell = L["ring_cell.size"]
-    enq_at = L["control.enqueue_pos"]
+    enq_at = L["arena.enqueue_pos"]
     pos, fifo = 0, []
     n_ops = 0
     while at < len(data) and n_ops < 4096:
@@ -352,9 +354,9 @@ def ring_seeds() -> list[bytes]:
         for k in range(24):
             ops += push(k % 3, k % 8, k & 0xFF) if k % (burst + 1) != burst else consume
         seeds.append(b"\0" + ops + consume * 10)
-    mm = mmap.mmap(-1, CTL_BYTES)
-    _core.Mapping(mm).init_control(RING_CAP, 1)
-    seeds.append(b"\1" + bytes(mm[:L["control.size"]]) + push(1, 2, 3) + consume)
+    mm = mmap.mmap(-1, RING_ARENA.segment_bytes)
+    _core.Mapping(mm).init_arena(RING_CAP, 0, 1, 1)
+    seeds.append(b"\1" + bytes(mm[:L["arena.size"]]) + push(1, 2, 3) + consume)
     return seeds
 
 

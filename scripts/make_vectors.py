@@ -137,19 +137,23 @@ def claim_word(owner: int, pos: int) -> bytes:
 
 
 def ring_cell_after_push(capacity: int, pos: int, owner: int, slot: int, generation: int) -> bytes:
-    """A control block with `capacity` cells, enqueue_pos = pos (cell free for pos);
-    one real push through _core (shms_ring_push). Returns the cell then enqueue_pos."""
-    buf = bytearray(_core.control_bytes(capacity))
+    """The submission ring of an arena of `capacity` slots (a ring of that many cells),
+    client `owner`, enqueue_pos = pos (cell free for pos); one real push through _core
+    (shms_ring_push). Returns the cell then enqueue_pos."""
+    buf = bytearray(_core.arena_layout(capacity, 0)[2])
     ops = _core.Mapping(buf)
-    ops.init_control(capacity, 0)  # cell i free for position i
+    ops.init_arena(capacity, 0, owner, 1)  # cell i free for position i
     # Move the ring on to position pos, as if pos pushes had been consumed.
-    ops.store64(L["control.enqueue_pos"], pos)
-    cell = ops.ring_attach()[0] + (pos & (capacity - 1)) * L["ring_cell.size"]
+    enq = L["arena.enqueue_pos"]
+    ops.store64(enq, pos)
+    ring = P.Ring(ops)
+    assert ring.capacity == capacity, ring.capacity
+    cell = ring.offset + (pos & (capacity - 1)) * L["ring_cell.size"]
     ops.store64(cell + L["ring_cell.seq"], pos)
-    rc = P.Ring(ops).push(owner, slot, generation)
+    rc = ring.push(owner, slot, generation)
     assert rc == P.RingResult.OK, rc
     size = L["ring_cell.size"]
-    return bytes(buf[cell:cell + size]) + bytes(buf[L["control.enqueue_pos"]:L["control.enqueue_pos"] + 8])
+    return bytes(buf[cell:cell + size]) + bytes(buf[enq:enq + 8])
 
 
 def frame(message: dict) -> bytes:
@@ -210,7 +214,7 @@ SPECS = {
     "claim_word": ("ring cell seq while claimed: CLAIM(owner 3, pos 4097), u64 little-endian",
                    claim_word, {"owner": 3, "pos": 4097}),
     "ring_cell_after_push": ("32-byte ring cell, then enqueue_pos (u64), after push(owner 3, slot 5, "
-                             "generation 7) at pos 4097 in a ring of 8 cells",
+                             "generation 7) at pos 4097 in the ring of 8 cells of an arena of 8 slots",
                              ring_cell_after_push,
                              {"capacity": 8, "pos": 4097, "owner": 3, "slot": 5, "generation": 7}),
     "hello_frame": ("hello request frame (big-endian u32 length + msgpack map)", frame,
@@ -220,7 +224,7 @@ SPECS = {
                        {"message": {"op": "metadata", "model": "simple", "version": None}}),
     "error_reply_frame": ("failed reply frame, as the server sends it (with its 'type' field)", frame,
                           {"message": {"ok": False, "code": 1,
-                                       "error": "protocol version 1 not supported (server speaks 3)",
+                                       "error": "protocol version 1 not supported (server speaks 5)",
                                        "type": "ShmServeError"}}),
     "metadata_reply_frame": ("successful metadata reply frame for `simple`", frame,
                              {"message": {"ok": True, **SIMPLE_META}}),

@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from shmserve import _core
 from shmserve import protocol as P
 from shmserve.protocol import DTYPE_CODES, LAYOUT, SLOT_BYTES
-from shmserve.server.segments import ArenaLayout, ServerLayout, control_ring_offset
+from shmserve.server.segments import ArenaLayout, ServerLayout
 
 PINNED = {
     "tensor_ref.size": 96,
@@ -31,11 +31,11 @@ PINNED = {
     "request.sequence_id_offset": 48,
     "request.sequence_id_bytes": 56,
     "ring_cell.size": 32,
-    "control.size": 256,
-    "control.enqueue_pos": 64,
-    "control.dequeue_pos": 128,
-    "control.doorbell": 192,
-    "control.crowded": 44,
+    "control.size": 64,
+    "control.crowded": 36,
+    "control.batcher_sleeping": 40,
+    "bell.size": 64,
+    "bell.doorbell": 0,
     "slot.size": 5056,
     "slot.request": 336,
     "slot.results": 3472,
@@ -43,21 +43,26 @@ PINNED = {
     "slot.response_flags": 5012,
     "slot.cancel": 5016,
     "slot.stream_sleeping": 5020,
-    "arena.size": 128,
+    "arena.size": 192,
+    "arena.ring_offset": 48,
+    "arena.ring_capacity": 56,
+    "arena.rang_token": 60,
     "arena.completions": 64,
-    "client_entry.size": 88,
+    "arena.enqueue_pos": 128,
+    "client_entry.size": 96,
+    "client_entry.ring_pos": 88,
     "tensor_spec.size": 136,
     "shadow.size": 32 + 64 + 2 * 16 * 96,
     "mailbox.size": 80 + 8 * 256,  # two batches deep: shadow[] and next_shadow[]
-    "server.size": 120,
-    "server.crowded": 112,
+    "server.size": 112,
+    "server.crowded": 104,
     "MAX_TENSORS": 16,
     "MAX_DIMS": 8,
     "ERROR_BYTES": 256,
     "NAME_BYTES": 64,
     "MAX_BATCH_REQUESTS": 256,
     "DATA_ALIGN": 64,
-    "PROTOCOL_VERSION": 4,
+    "PROTOCOL_VERSION": 5,
     "MAX_PARAMETER_BYTES": 65536,
     "MAGIC_CONTROL": int.from_bytes(b"SHMSCTL1", "little"),
     "MAGIC_ARENA": int.from_bytes(b"SHMSARN1", "little"),
@@ -106,11 +111,14 @@ def test_dtype_codes_are_tritons():
 
 def test_python_layouts_are_aligned_and_disjoint():
     arena = ArenaLayout.for_data(32, 1 << 20)
-    assert arena.slots_offset % 64 == 0 and arena.slots_offset >= LAYOUT["arena.size"]
+    assert arena.ring_offset % 64 == 0 and arena.ring_offset >= LAYOUT["arena.size"]
+    assert arena.ring_capacity == 32  # a power of two, one cell per slot at least
+    assert arena.slots_offset % 64 == 0
+    assert arena.slots_offset >= arena.ring_offset + 32 * LAYOUT["ring_cell.size"]
+    assert (arena.ring_offset, arena.slots_offset, arena.data_offset) == (192, 0x4C0, 0x28000)
     assert arena.data_offset % 4096 == 0
     assert arena.data_offset >= arena.slot(31) + SLOT_BYTES
     assert arena.segment_bytes - arena.data_offset >= 1 << 20
-    assert control_ring_offset() % 64 == 0 and control_ring_offset() >= LAYOUT["control.size"]
     srv = ServerLayout(max_clients=5, slots_per_client=3, n_models=2, n_workers=4)
     regions = [(LAYOUT["server.size"], srv.clients_offset),
                (srv.clients_offset + 5 * LAYOUT["client_entry.size"], srv.models_offset),

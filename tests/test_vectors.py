@@ -33,7 +33,7 @@ def test_file_is_exactly_what_the_generator_writes():
 def test_vectors_agree_with_the_worked_example_of_protocol_md():
     """docs/protocol.md 13.1 prints the hello frame and 5 the claim word."""
     assert STORED["hello_frame"]["hex"] == (
-        "0000002b84a26f70a568656c6c6fa776657273696f6e04a3706964cd1092"
+        "0000002b84a26f70a568656c6c6fa776657273696f6e05a3706964cd1092"
         "ab6172656e615f6279746573ce00100000")
     assert int.from_bytes(bytes.fromhex(STORED["claim_word"]["hex"]), "little") == 0x8000000300001001
     req = bytes.fromhex(STORED["request_simple"]["hex"])
