@@ -539,10 +539,11 @@ class Engine:
             self.check_server()  # says why (the lease or the server ended)
             raise errors.ServerDeadError(f"server '{self.name}' ended this client's lease")
         if rc == P.RingResult.FULL:
-            raise errors.BusyError(f"server '{self.name}' request ring is full; retry later")
+            raise errors.BusyError(f"server '{self.name}': this client's submission ring is full "
+                                   "(damaged by a thread of this process); retry later")
         raise errors.BusyError(f"server '{self.name}': the batcher skipped this client's ring "
-                               "entry again and again (another client is damaging the "
-                               "ring); retry later")
+                               "entry again and again (a thread of this process is damaging "
+                               "its submission ring); retry later")
 
     def _acquire_slot(self) -> int:
         """A free slot; waits for one while every slot is in flight (or orphaned: they

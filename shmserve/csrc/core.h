@@ -34,8 +34,9 @@ typedef struct {
 void shms_py_enter(Mapping *m);
 void shms_py_leave(Mapping *m);
 
-/* A new nonzero token for the batcher's next sleep on control.doorbell, never the
- * last one (shms_doorbell_wait_x, shms_doorbell_ring_sole). */
+/* A new nonzero token for the batcher's next sleep on bell.doorbell, never the last
+ * one, and counting from anywhere (shms_doorbell_wait_x, shms_doorbell_ring_sole,
+ * shms_doorbell_ring_client). */
 uint32_t shms_py_sleep_token(void);
 
 extern PyTypeObject MappingType;

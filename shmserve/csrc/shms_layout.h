@@ -518,8 +518,8 @@ typedef struct shms_server_header {
    * request pushed (slot t_ns[ENQUEUE]) at or after it is refused; earlier ones drain. */
   SHMS_ATOMIC(uint64_t) drain_since_ns;
   SHMS_ATOMIC(uint64_t) batcher_wakeups[3]; /* the batcher's waits by enum shms_wake */
-  /* Coordinator: control.crowded's twin for the server's own waiters, out of clients'
-   * reach (a client can write the control block). */
+  /* Coordinator: control.crowded's twin, watched by the server's own waiters (it
+   * predates the read-only control block; both are the coordinator's to write). */
   SHMS_ATOMIC(uint32_t) crowded;
   uint32_t reserved;
 } shms_server_header;

@@ -19,8 +19,9 @@
 /* ------------------------------------------------------------- client side */
 
 /* A push whose claim the batcher skipped (RECLAIMED) is retried up to this many
- * times; a FULL ring (an honest ring never is: it holds every slot of every client)
- * is retried for up to SHMS_PUSH_FULL_WAIT_NS while the batcher repairs it. */
+ * times; a FULL ring (a client's ring holds an entry for each of its slots, so it is
+ * full only if the client itself broke it) is retried for up to
+ * SHMS_PUSH_FULL_WAIT_NS while the batcher repairs it. */
 #define SHMS_PUSH_MAX_TRIES 100
 #define SHMS_PUSH_FULL_WAIT_NS 100000000LL
 #define SHMS_PUSH_LEASE_CHECK_EVERY 8 /* RECLAIMED pushes between lease checks */

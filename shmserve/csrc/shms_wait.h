@@ -122,11 +122,10 @@ static inline void shms_doorbell_ring_client(SHMS_ATOMIC(uint32_t) * word,
  * Returns SHMS_WAKE_SPIN (1) if the word moved while spinning, SHMS_WAKE_SLEEP (2) if
  * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout.
  * *sleeping counts the sleepers (a client's threads on its arena); with a nonzero
- * sole token, the caller is the word's only waiter (the batcher on control.doorbell)
- * and stores the token there while it sleeps, then 0: a vandal's write to a flag
- * clients can reach then lasts one sleep, where a count it zeroed would stay one off
- * for good (no push would ring again). The token must differ from the last sleep's
- * (shms_doorbell_ring_sole). */
+ * sole token, the caller is the word's only waiter (the batcher on bell.doorbell, its
+ * token in control.batcher_sleeping) and stores the token there while it sleeps,
+ * then 0. The token must differ from the last sleep's (shms_doorbell_ring_sole,
+ * shms_doorbell_ring_client). */
 static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
                                        SHMS_ATOMIC(uint32_t) * sleeping, uint32_t seen,
                                        int64_t spin_ns, int64_t timeout_ns, int *preempted,

@@ -2,7 +2,7 @@
 in that client's arena."""
 from __future__ import annotations
 
-from .layout import LAYOUT, PopResult
+from .layout import PopResult
 
 # shms_pop_result; EMPTY comes back as None
 POP_OK, POP_STALLED, POP_CORRUPT = PopResult.OK, PopResult.STALLED, PopResult.CORRUPT
@@ -63,10 +63,6 @@ class RingConsumer:
 
     def repair(self) -> bool:
         return self.ops.ring_repair(self.offset, self.capacity, self.pos)
-
-    def depth(self) -> int:
-        """Entries pushed and not yet taken (at most the capacity)."""
-        return max(0, min(self.ops.load64(LAYOUT["arena.enqueue_pos"]) - self.pos, self.capacity))
 
     def pending(self) -> list[tuple[int, int, int]]:
         return self.ops.ring_pending(self.offset, self.capacity, self.pos)
