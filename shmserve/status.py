@@ -162,7 +162,7 @@ def header(name: str, status: dict, rows: list[ModelRow]) -> Table:
         grid.add_column()
     grid.add_row(Text.assemble(("server ", "dim"), (name, "bold")),
                  Text.assemble(("up ", "dim"), _uptime(status["uptime_s"])),
-                 Text.assemble(("ring ", "dim"),
+                 Text.assemble(("rings ", "dim"),
                                f"{status['ring_depth']} / {status['ring_capacity']}"),
                  Text.assemble(("clients ", "dim"),
                                f"{len(status['clients'])} / {status['max_clients']}"))

@@ -358,8 +358,9 @@ class StatsCollector:
         if watch is not None and watch["free_cpus"] is not None:
             yield GaugeMetricFamily("shmserve_cpus_free", "CPUs other work left free in the "
                                     "last interval of the CPU watch", value=watch["free_cpus"])
-        yield GaugeMetricFamily("shmserve_ring_depth", "Requests pushed on the ring and not "
-                                "yet taken by the batcher", value=status["ring_depth"])
+        yield GaugeMetricFamily("shmserve_ring_depth", "Requests pushed on the clients' "
+                                "submission rings and not yet taken by the batcher",
+                                value=status["ring_depth"])
         yield GaugeMetricFamily("shmserve_connected_clients", "Clients holding a lease",
                                 value=len(status["clients"]))
         slots = GaugeMetricFamily("shmserve_client_slots_in_use",
