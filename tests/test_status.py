@@ -140,7 +140,7 @@ def test_frame_rates_and_interval_quantiles_from_fixed_replies():
     assert rows["broken"][col["state"]] == "UNAVAILABLE: RuntimeError: cannot load weights"
     assert rows["broken"][col["p50 us"]] == "-", text
 
-    assert "ring 3 / 2048" in text and "clients 1 / 64" in text, text
+    assert "rings 3 / 2048" in text and "clients 1 / 64" in text, text
     assert "batcher pid 99" in text and "spin 7 / sleep 8" in text, text
     assert "CPUs free of other work 0.4 / 2" in text and "spinning off (crowded)" in text, text
     _, clients = table_rows(text, "client")
