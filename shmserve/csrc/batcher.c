@@ -364,8 +364,11 @@ static int drain_rings(BatcherCore *self, uint32_t start, uint32_t count, PyObje
       t->model_id = sh->request.model_id; /* < n_models: validated */
       self->pass_count[t->model_id]++;
     }
-    if (p != p0) { /* saved before anything else: the entries are taken */
-      shms_store(&ce->ring_pos, p, memory_order_relaxed);
+    if (p != p0) { /* saved before anything else: the entries are taken. A CAS: a new
+                    * lease of this client id (after the coordinator's quarantine) may
+                    * have reset it meanwhile, and its ring starts at 0 */
+      uint64_t expected = p0;
+      shms_cas(&ce->ring_pos, &expected, p);
       consumed += p - p0;
     }
     if (failed || (stop == NULL && PyErr_Occurred())) goto fail;
