@@ -208,6 +208,23 @@ def test_header_vandalism_does_not_move_attached_views():
         P.Ring(r.ops)  # a new attach checks the header and refuses it
 
 
+@pytest.mark.parametrize("field,value", [
+    ("arena.ring_offset", 2**64 - 64),  # off + cells wraps around to before the mapping
+    ("arena.ring_offset", 64),          # over the header
+    ("arena.ring_offset", 1216),        # over the slots
+    ("arena.ring_capacity", 4),         # fewer cells than slots
+    ("arena.ring_capacity", 12),        # no power of two
+    ("arena.slots_offset", 2**40),      # slots past the segment
+])
+def test_attach_refuses_a_ring_out_of_place(field, value):
+    """shms_ring_attach checks the arena header's ring geometry once: the ring lies
+    between the header and the slots, one cell per slot at least."""
+    r = Ring(32)
+    (r.ops.store64 if field != "arena.ring_capacity" else r.ops.store32)(L[field], value)
+    with pytest.raises(ValueError, match="sane submission ring"):
+        P.Ring(r.ops)
+
+
 def test_producer_processes_race():
     """4 forked producers x 5000 pushes into a 64-cell ring while this process pops:
     every entry is seen exactly once, each producer's in its own order."""

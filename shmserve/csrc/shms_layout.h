@@ -294,7 +294,7 @@ typedef struct shms_request {
   shms_tensor_ref outputs[SHMS_MAX_TENSORS]; /* index, offset, nbytes (capacity) */
 } shms_request;
 
-/* ------------------------------------------------------------- control and bell */
+/* ------------------------------------------------------------- submission ring */
 
 /* One cell of a client's submission ring (in its arena). seq is the Vyukov sequence word extended with a claim state:
  *   seq == pos                 free for the producer of position pos
@@ -314,6 +314,8 @@ typedef struct shms_ring_cell {
 static inline uint64_t shms_claim_word(uint32_t owner, uint64_t pos) {
   return SHMS_CELL_CLAIMED | ((uint64_t)(owner & 0x7fffffffu) << 32) | (pos & 0xffffffffu);
 }
+
+/* ------------------------------------------------------------- control and bell */
 
 /* The control block. Clients map it read-only (the hello reply sends a descriptor
  * reopened O_RDONLY): every word here is the server's. */

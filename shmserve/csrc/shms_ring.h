@@ -58,9 +58,10 @@ static inline int shms_ring_attach(shms_ring *r, void *base, uint64_t segment_by
       h->version != SHMS_PROTOCOL_VERSION)
     return -1;
   uint64_t cap = h->ring_capacity, off = h->ring_offset;
+  /* compared by differences: off is a u64 the client wrote, off + size may wrap */
   if (cap < 2 || (cap & (cap - 1)) || cap > (1u << 30) || cap < h->n_slots ||
-      off < sizeof(shms_arena_header) || off % 64 ||
-      off + cap * sizeof(shms_ring_cell) > h->slots_offset || h->slots_offset > segment_bytes)
+      off < sizeof(shms_arena_header) || off % 64 || h->slots_offset > segment_bytes ||
+      off > h->slots_offset || cap * sizeof(shms_ring_cell) > h->slots_offset - off)
     return -1;
   shms_ring_view(r, base, off, cap);
   return 0;
