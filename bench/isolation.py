@@ -6,29 +6,36 @@ runs a closed loop of identity 4 KiB requests, --seconds per phase, and checks e
 answer. Phases alternate: undisturbed, then one attacker process running one attack
 for the whole phase, then undisturbed again, and so on; each attack's figures are
 compared with the mean of the undisturbed phases around it (the machine's drift
-weighs on both). Attacks (docs/reliability.md, issue 14):
+weighs on both). Attacks, protocol version 5 (docs/reliability.md, issue 14; the
+control block is read-only to clients, so what an attacker can write is its own arena,
+its own submission ring included, and the bell page): the rounds of
+bench/shmserve_bench/hostile.py, ATTACKS, run in a loop:
 
-  forged-claim        claims the ring head in the *polite caller's* name and never
-                      publishes, again after each skip (the owner in a claim word is
-                      not authenticated)
-  own-claim           the same in its own name
-  sleeping-zeroed     keeps control.batcher_sleeping at 0 (no push rings the batcher)
-  doorbell-loop       rings the batcher's doorbell in a loop
-  garbage-cells       rewrites every ring cell with random words, in a loop
-  enqueue-jump        moves control.enqueue_pos far ahead, in a loop
+  own-claim           claims its own ring's head and never publishes, again after
+                      each skip (the batcher skips a stalled claim after 20 ms)
+  forged-claim        the same, the claim word naming the polite caller
+  enqueue-jump        moves its arena's enqueue_pos 10^9 ahead
+  ring-header         rewrites its arena header's ring_offset and ring_capacity
+  garbage-cells       random words in every cell of its ring
+  foreign-entries     publishes entries naming the polite caller's client id and slots
+  bell-moved-back     stores bell.doorbell back to one value, in a tight loop
+  doorbell-loop       moves bell.doorbell and FUTEX_WAKEs it, in a loop
+  wake-stealer        4 threads FUTEX_WAIT on bell.doorbell, so that a push wakes one
+                      of them rather than the batcher
   flood-64            honest requests from 64 threads (two leases of 32 slots) as fast
                       as they are answered: fair share between callers
 
 Reported per attack: the polite caller's p50 and p99 and their ratio to the
-undisturbed run, its requests done, and any that failed. Issue 14's bar: p99 within
-2x of undisturbed, nothing failed. Nothing is asserted.
+undisturbed run, its requests done, any that failed, and what became of the
+attacker's own request sent right after its attack (answered, how late). Issue 14's
+bar: p99 within 2x of undisturbed, nothing failed. Nothing is asserted.
 
 --model paced serves, instead of identity, a python model that sleeps --pace-ms per
 batch of at most 4 rows: its queue, not the CPU, is what a flood fills, so the
 flood-64 row shows what the queue's order (fair share between callers) does, apart
 from the machine's load.
 
-    python bench/isolation.py                       # about 2 minutes
+    python bench/isolation.py                       # about 2.5 minutes
     python bench/isolation.py --seconds 3 --only forged-claim flood-64
     python bench/isolation.py --only flood-64 --max-queued-per-client 8   # the server's limit
     python bench/isolation.py --only flood-64 --model paced
@@ -52,9 +59,9 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
+from shmserve_bench import hostile  # noqa: E402
 from shmserve_bench.harness import ServerProcess  # noqa: E402
-from shmserve_bench.hostile import RawLease  # noqa: E402
-from shmserve.protocol import LAYOUT as L  # noqa: E402
+from shmserve.protocol import RingResult, Status  # noqa: E402
 
 # A model whose time is a sleep per batch (--model paced): the queue is the bottleneck.
 PACED_CONFIG = """name: "paced"
@@ -77,16 +84,7 @@ class TritonPythonModel:
         return {"OUTPUT0": inputs["INPUT0"]}
 """
 
-ATTACKS = ["forged-claim", "own-claim", "sleeping-zeroed", "doorbell-loop", "garbage-cells",
-           "enqueue-jump", "flood-64"]
-
-
-def _claim_head(raw: RawLease, owner: int) -> None:
-    pos = raw.ctl.load64(L["control.enqueue_pos"])
-    cap = raw.ctl.load32(L["control.ring_capacity"])
-    cell = L["control.size"] + (pos % cap) * L["ring_cell.size"]
-    raw.ctl.store64(cell, (1 << 63) | (owner << 32) | (pos & 0xFFFFFFFF))
-    raw.ctl.store64(L["control.enqueue_pos"], pos + 1)
+ATTACKS = [*hostile.ATTACKS, "flood-64"]
 
 
 def _flood(socket_path: str, name: str, model: str, stop) -> None:
@@ -113,39 +111,14 @@ def _flood(socket_path: str, name: str, model: str, stop) -> None:
 
 
 def attacker(attack: str, socket_path: str, name: str, model: str, victim_id: int, ready,
-             stop) -> None:
-    """Runs one attack until stop is set (a spawned process: its own GIL and lease)."""
+             stop, conn) -> None:
+    """Runs one attack until stop is set (a spawned process: its own GIL and lease);
+    then, but for the flood, sends back what became of its own request (hostile.attacker)."""
     if attack == "flood-64":
         ready.set()
         _flood(socket_path, name, model, stop)
         return
-    raw = RawLease(Path(socket_path))
-    rng = np.random.default_rng(7)
-    ready.set()
-    try:
-        while not stop.is_set():
-            if attack == "forged-claim":
-                _claim_head(raw, victim_id)
-                time.sleep(0.025)  # the batcher skips a stalled claim after 20 ms
-            elif attack == "own-claim":
-                _claim_head(raw, raw.client_id)
-                time.sleep(0.025)
-            elif attack == "sleeping-zeroed":
-                raw.ctl.store32(L["control.batcher_sleeping"], 0)
-            elif attack == "doorbell-loop":
-                raw.ctl.store32(L["control.batcher_sleeping"], 1)
-                raw.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
-            elif attack == "garbage-cells":
-                for i in range(raw.ring.capacity):
-                    raw.ctl.store64(L["control.size"] + i * L["ring_cell.size"],
-                                    int(rng.integers(0, 2**63)))
-                time.sleep(0.001)
-            elif attack == "enqueue-jump":
-                raw.ctl.store64(L["control.enqueue_pos"],
-                                raw.ctl.load64(L["control.enqueue_pos"]) + 10**9)
-                time.sleep(0.001)
-    finally:
-        raw.close()
+    hostile.attacker(attack, socket_path, victim_id, ready, stop, conn, model=model)
 
 
 def polite_phase(client, model: str, seconds: float) -> dict:
@@ -168,6 +141,15 @@ def polite_phase(client, model: str, seconds: float) -> dict:
     return {"n": len(lat), "failed": failed,
             "p50": float(np.percentile(lat, 50)) if lat else float("nan"),
             "p99": float(np.percentile(lat, 99)) if lat else float("nan")}
+
+
+def own_text(own) -> str:
+    """hostile.attacker's report of the attacker's own request, in a few words."""
+    if own is None:
+        return "-"
+    status, error, rc, took, _ = own
+    said = "unanswered" if status is None else Status(status).name
+    return f"{said} in {took * 1e3:.1f} ms (push {RingResult(rc).name})"
 
 
 def main() -> int:
@@ -203,25 +185,29 @@ def main() -> int:
             for attack in attacks:
                 print(f"# {attack} ...", file=sys.stderr, flush=True)
                 ready, stop = ctx.Event(), ctx.Event()
+                mine, theirs = ctx.Pipe(duplex=False)
                 proc = ctx.Process(target=attacker, args=(attack, str(server.socket_path),
                                                           server.name, args.model, victim_id,
-                                                          ready, stop))
+                                                          ready, stop, theirs))
                 proc.start()
+                own = None
                 try:
                     ready.wait(30)
                     hit = polite_phase(polite, args.model, args.seconds)
                 finally:
                     stop.set()
+                    if attack != "flood-64" and mine.poll(30):
+                        own = mine.recv()
                     proc.join(20)
                     if proc.is_alive():
                         proc.kill()
                         proc.join()
-                time.sleep(1.2)  # the batcher's sweep and suspicion windows pass
+                time.sleep(1.2)  # the batcher's defences (1 s) and quick sweeps end
                 after = polite_phase(polite, args.model, args.seconds)
                 base = {k: (before[k] + after[k]) / 2 for k in ("p50", "p99")}
                 rows.append({"attack": attack, "undisturbed": base, "attacked": hit,
                              "p50_ratio": hit["p50"] / base["p50"],
-                             "p99_ratio": hit["p99"] / base["p99"]})
+                             "p99_ratio": hit["p99"] / base["p99"], "own": own})
                 before = after
         finally:
             problems = server.teardown()
@@ -231,13 +217,14 @@ def main() -> int:
     model = "identity" if args.model == "identity" else f"paced ({args.pace_ms:g} ms a batch of <= 4)"
     print(f"\npolite caller: {model} 4 KiB closed loop, {args.seconds:g} s a phase, "
           f"load average {load}, --max-queued-per-client {args.max_queued_per_client}\n")
-    print("| attack | undisturbed p50 / p99 us | attacked p50 / p99 us | p99 ratio | "
-          "requests | failed |")
-    print("|---|---|---|---|---|---|")
+    print("| attack | undisturbed p50 / p99 us | attacked p50 / p99 us | p50 / p99 ratio | "
+          "requests | failed | attacker's own request |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         u, a = r["undisturbed"], r["attacked"]
         print(f"| {r['attack']} | {u['p50']:.0f} / {u['p99']:.0f} | {a['p50']:.0f} / {a['p99']:.0f} "
-              f"| {r['p99_ratio']:.1f}x | {a['n']} | {len(a['failed'])} |")
+              f"| {r['p50_ratio']:.1f}x / {r['p99_ratio']:.1f}x | {a['n']} | {len(a['failed'])} "
+              f"| {own_text(r['own'])} |")
     for r in rows:
         if r["attacked"]["failed"]:
             print(f"{r['attack']}: first failure: {r['attacked']['failed'][0]}")

@@ -1,9 +1,13 @@
-"""A buggy or hostile co-located caller writes whatever it likes into its own slots,
-its arena and the shared ring. The server must refuse malformed requests with an
-error for that caller only, and never crash or stop serving the others."""
+"""A buggy or hostile co-located caller writes whatever it likes into what it can
+write: its own slots, the rest of its arena (its own submission ring included) and the
+bell page (protocol version 5: the control block is read-only to it). The server must
+refuse malformed requests with an error for that caller only, never crash, and go on
+serving the others correctly (issue 14: the attacks of docs/reliability.md, each run by
+a process of its own against a victim whose latency is reported)."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import struct
 import threading
@@ -13,11 +17,13 @@ import helpers
 import numpy as np
 import pytest
 from helpers import SLEEPER_CODE, RawLease, assert_serving, python_config, write_model
+from shmserve_bench import hostile
 
 from shmserve import errors
 from shmserve import protocol as P
 from shmserve.protocol import LAYOUT as L
 from shmserve.protocol import Status
+from shmserve.segments import Segment
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,6 +45,7 @@ def cases(raw: RawLease):
     """name -> (model, n_inputs, n_outputs, inputs, outputs, expected statuses, message)."""
     d, end = raw.data_offset, raw.arena_bytes
     slots = raw.hello["slots_offset"]
+    ring = raw.ring.offset  # the caller's submission ring, in its arena (version 5)
     good_in = (0, FP32, 2, d, 16, (1, 4))
     good_out = (0, 0, 0, d + 4096, 4096, ())
     huge = 2**64 - 64
@@ -49,6 +56,8 @@ def cases(raw: RawLease):
                                     [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
         "input in the arena header": ("identity", 1, 1, [(0, FP32, 2, 0, 16, (1, 4))],
                                       [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
+        "input in the submission ring": ("identity", 1, 1, [(0, FP32, 2, ring, 16, (1, 4))],
+                                         [good_out], {Status.BAD_DESCRIPTOR}, "outside"),
         "input offset unaligned": ("identity", 1, 1, [(0, FP32, 2, d + 8, 16, (1, 4))],
                                    [good_out], {Status.BAD_DESCRIPTOR},
                                    f"input 'INPUT0' data offset {d + 8} is not a multiple of 64"),
@@ -97,6 +106,9 @@ def cases(raw: RawLease):
                                        {Status.BAD_DESCRIPTOR}, "outside"),
         "output into the arena header": ("identity", 1, 1, [good_in], [(0, 0, 0, 0, 64, ())],
                                          {Status.BAD_DESCRIPTOR}, "outside"),
+        "output into the submission ring": ("identity", 1, 1, [good_in],
+                                            [(0, 0, 0, ring, 64, ())], {Status.BAD_DESCRIPTOR},
+                                            "outside"),
         "BYTES length past its buffer": ("id_BYTES", 1, 1, [(0, BYTES, 2, d + 8192, 8, (1, 1))],
                                          [good_out], BAD, "claims"),
         "BYTES fewer elements than shape": ("id_BYTES", 1, 1,
@@ -107,7 +119,10 @@ def cases(raw: RawLease):
 
 def _case_names():
     class Shape:  # only the names are needed at collection time
-        data_offset, arena_bytes, hello = 4096, 1 << 20, {"slots_offset": 128}
+        data_offset, arena_bytes, hello = 4096, 1 << 20, {"slots_offset": 1216}
+
+        class ring:
+            offset = 192
     return list(cases(Shape()))
 
 
@@ -144,20 +159,27 @@ def test_well_formed_raw_request_works(raw):
 
 
 def test_bogus_ring_entries_are_ignored(raw, client, main_server):
+    """Entries a client publishes on its own ring that name no request of its own: a
+    wrong generation, a slot out of range, client ids with no lease, with none at all,
+    and another (live) client's. The batcher drops them (a ring's entries are its
+    client's alone: nothing reaches the other client's slots) and the request they
+    pretend to push, SUBMITTED but never pushed right, is answered by the sweep."""
     d = raw.data_offset
     raw.buf[d:d + 16] = bytes(16)
     gen = raw.write_raw_request(1, raw.model_ids["identity"], 1, 1, [(0, FP32, 2, d, 16, (1, 4))],
                                 [(0, 0, 0, d + 4096, 4096, ())])
-    raw.push(1, gen + 5)          # wrong generation
-    raw.push(10**6, gen)          # no such slot
-    raw.push(1, gen, client_id=63)                         # a client id with no lease
-    raw.push(1, gen, client_id=2**31 - 1)                  # no such client at all
-    raw.push(1, gen, client_id=client.client_id)           # someone else's (idle) slot
-    assert_serving(client)  # its ring entry comes after the bogus ones: they were seen first
+    assert raw.push(1, gen + 5) == 0          # wrong generation
+    assert raw.push(10**6, gen) == 0          # no such slot
+    assert raw.push(1, gen, client_id=63) == 0                     # a client id with no lease
+    assert raw.push(1, gen, client_id=2**31 - 1) == 0              # no such client at all
+    assert raw.push(1, gen, client_id=client.client_id) == 0       # someone else's (idle) slot
+    assert raw.push(0, 1, client_id=client.client_id) == 0         # ... and its first generation
+    assert_serving(client)  # the other client's requests go on, answered correctly
     # None of those entries was its own, yet the request is answered once, correctly:
     # the batcher's sweep of slot states finds SUBMITTED requests the ring lacks.
     assert raw.wait_done(1, timeout=10) == (Status.OK, "")
     assert bytes(raw.buf[d + 4096:d + 4112]) == bytes(16)
+    assert_serving(client)
 
 
 def test_garbage_bytes_request_fails_alone(raw, main_server, make_client):
@@ -226,131 +248,186 @@ def test_arena_truncated_by_its_client(server_factory):
         proc.join()
 
 
-def _claim_head_forever(raw: RawLease, victim):
-    pos = raw.ctl.load64(L["control.enqueue_pos"])
-    cap = raw.ctl.load32(L["control.ring_capacity"])
-    cell = L["control.size"] + (pos % cap) * L["ring_cell.size"]
-    word = (1 << 63) | (raw.client_id << 32) | (pos & 0xFFFFFFFF)
-    raw.ctl.store64(cell, word)  # claimed by a live client that never publishes
-    raw.ctl.store64(L["control.enqueue_pos"], pos + 1)
+# ---------------------------------------------------------------- attacks by another process
+# Issue 14: each attack run by a process of its own (a spawned attacker, its own lease)
+# while the victim (this process's client) sends requests. The victim's requests must
+# all be answered correctly; its p50/p99 under attack and undisturbed, measured in the
+# same test, are printed (pytest -rP shows them) and recorded, not asserted. What the
+# attacker's own request right after the attack became is asserted: answered, maybe
+# late (a skipped claim, the sweep of slot states).
+
+PHASE_S = 1.0  # each of the victim's phases: undisturbed, then under attack
 
 
-def _stop_flag(raw: RawLease, victim):
-    raw.ctl.store32(L["control.server_state"], 2)  # STOPPED
-
-
-def _jump_enqueue(raw: RawLease, victim):
-    raw.ctl.store64(L["control.enqueue_pos"], raw.ctl.load64(L["control.enqueue_pos"]) + 10**9)
-
-
-def _rewrite_ring_header(raw: RawLease, victim):
-    raw.ctl.store32(L["control.ring_capacity"], 1 << 30)
-    raw.ctl.store32(L["control.ring_offset"], 8)
-    raw.ctl.store64(L["control.dequeue_pos"], 777)
-
-
-def _garbage_in_every_cell(raw: RawLease, victim):
-    cap = raw.ring.capacity
-    rng = np.random.default_rng(5)
-    for i in range(cap):
-        raw.ctl.store64(L["control.size"] + i * L["ring_cell.size"], int(rng.integers(0, 2**63)))
-
-
-def _batcher_never_woken(raw: RawLease, victim):
-    raw.ctl.store32(L["control.batcher_sleeping"], 0)
-
-
-CONTROL_ATTACKS = {
-    "claim-never-published": _claim_head_forever, "server-state-stopped": _stop_flag,
-    "enqueue-jump": _jump_enqueue, "ring-header-rewritten": _rewrite_ring_header,
-    "garbage-cells": _garbage_in_every_cell,
-    "batcher-sleeping-zeroed": _batcher_never_woken,
-}
-
-
-@pytest.mark.parametrize("attack", CONTROL_ATTACKS.values(), ids=CONTROL_ATTACKS.keys())
-def test_control_block_vandalism_affects_only_the_vandal(server_factory, attack):
-    server = server_factory()
-    victim = server.client(arena_bytes=1 << 20)
-    assert_serving(victim)
-    raw = RawLease(server.socket_path)
-    try:
-        before = server.members()
-        attack(raw, victim)
-        x = np.ones((1, 4), np.float32)
+def victim_phase(victim, seconds: float = PHASE_S) -> dict:
+    """The victim's closed loop of identity requests for `seconds`, each checked:
+    {"n", "p50", "p99" (us)}. Fails the test on the first wrong or failed answer."""
+    x = np.arange(64, dtype=np.float32).reshape(1, 64)
+    lat = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(lat) < 20:
+        t0 = time.perf_counter_ns()
         try:
-            for _ in range(5):
-                np.testing.assert_array_equal(victim.infer("identity", [x], timeout=3)["OUTPUT0"], x)
+            r = victim.infer("identity", [x], timeout=3)
         except errors.ShmServeError as e:
-            pytest.fail(f"one caller's writes broke the service for another: {e!r}")
-        assert server.members() == before, "a server process died:\n" + server.log(1500)
-    finally:
-        raw.close()
+            pytest.fail(f"one caller's attack broke the service for another: {e!r}")
+        np.testing.assert_array_equal(r["OUTPUT0"], x)
+        r.release()
+        lat.append((time.perf_counter_ns() - t0) / 1e3)
+    return {"n": len(lat), "p50": float(np.percentile(lat, 50)),
+            "p99": float(np.percentile(lat, 99))}
 
 
-def test_zeroed_sleeping_flag_heals_after_one_sleep(server_factory):
-    """batcher_sleeping is the batcher's alone to count: zeroed once by a vandal, it is
-    set again on the batcher's next sleep, so pushes ring it again (a count would stay
-    one off for good and every request would wait for the batcher's idle tick)."""
-    server = server_factory()
-    victim = server.client(arena_bytes=1 << 20)
-    assert_serving(victim)
-    raw = RawLease(server.socket_path)
-    try:
-        sleeping = L["control.batcher_sleeping"]
-        helpers.wait_until(lambda: raw.ctl.load32(sleeping) != 0, 10,
-                           "the batcher never went to sleep")
-        raw.ctl.store32(sleeping, 0)
-        assert_serving(victim)  # wakes the batcher by its tick at worst; it sleeps again
-        helpers.wait_until(lambda: raw.ctl.load32(sleeping) != 0, 10,
-                           "one zeroing of batcher_sleeping outlasted the batcher's next sleep")
-    finally:
-        raw.close()
+def report(record_property, attack: str, calm: dict, hit: dict, own) -> None:
+    line = (f"victim under {attack}: p50 {hit['p50']:.0f} us, p99 {hit['p99']:.0f} us "
+            f"({hit['n']} requests); undisturbed p50 {calm['p50']:.0f} us, p99 "
+            f"{calm['p99']:.0f} us; p99 {hit['p99'] / calm['p99']:.1f}x")
+    if own is not None:
+        status, error, rc, took, rounds = own
+        line += (f"; attacker ({rounds} rounds): its own request "
+                 f"{'unanswered' if status is None else Status(status).name} after "
+                 f"{took * 1e3:.1f} ms (push {P.RingResult(rc).name})")
+    print(line)
+    record_property(f"{attack}", line)
 
 
 @contextlib.contextmanager
-def vandal_loop(raw: RawLease, act):
-    """Runs act(raw) in a loop on a thread for the with-block (a hostile client)."""
-    stop = threading.Event()
-
-    def loop():
-        while not stop.is_set():
-            act(raw)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
+def attacking(server, attack: str, victim_id: int):
+    """Runs hostile.attacker(attack) in a spawned process for the with-block; yields a
+    dict that holds, afterwards, "own": what became of the attacker's own request."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    mine, theirs = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=hostile.attacker,
+                       args=(attack, str(server.socket_path), victim_id, ready, stop, theirs))
+    proc.start()
+    outcome = {}
     try:
-        yield
+        assert ready.wait(60), "the attacker did not start"
+        time.sleep(0.1)  # its first rounds
+        yield outcome
     finally:
         stop.set()
-        thread.join()
+        if mine.poll(30):
+            outcome["own"] = mine.recv()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
-def test_a_flag_zeroed_again_and_again_makes_the_batcher_poll(server_factory):
-    """A vandal zeroing batcher_sleeping in a loop keeps every push from ringing the
-    batcher; once a sleep ran its whole course though the doorbell moved, the batcher
-    says so and polls (batcher.py, WATCHFUL_NS) instead of waiting for its idle check."""
-    server = server_factory(args=["--idle-check-ms", "300"])
+def attacked(server_factory, record_property, attack: str, args=(), during=None):
+    """The common course: a server, a victim, its undisturbed phase, then a phase under
+    the attack (and during(server, victim), if given, while it lasts). Returns the
+    server, the victim, the attacker's own outcome and the victim's figures under
+    attack (victim_phase's)."""
+    server = server_factory(args=args)
     victim = server.client(arena_bytes=1 << 20)
     assert_serving(victim)
-    raw = RawLease(server.socket_path)
+    before = server.members()
+    calm = victim_phase(victim)
+    with attacking(server, attack, victim.engine.client_id) as outcome:
+        hit = victim_phase(victim)
+        if during is not None:
+            during(server, victim)
+    own = outcome.get("own")
+    report(record_property, attack, calm, hit, own)
+    assert server.members() == before, "a server process died:\n" + server.log(1500)
+    assert own is not None, "the attacker reported nothing:\n" + server.log(1500)
+    return server, victim, own, hit
 
-    def zero_the_flag(raw):
-        raw.ctl.store32(L["control.batcher_sleeping"], 0)
-        time.sleep(0.0001)
 
+@pytest.mark.parametrize("attack", list(hostile.RING_ATTACKS))
+def test_ring_vandalism_hurts_only_the_vandal(server_factory, record_property, attack):
+    """The attacker vandalizes its own submission ring in a loop (hostile.RING_ATTACKS:
+    claims never published, in its own name or naming the victim; enqueue_pos moved
+    10^9 ahead; the arena header's ring fields rewritten; random words in every cell;
+    published entries naming the victim's client id and slots). Each lease has its
+    own ring: the victim's requests are all answered, correctly. The attacker's own
+    request, sent right after one more round, is answered too: at once, after the
+    stalled claim's 20 ms, or by the sweep of slot states that follows ring damage."""
+    _, _, own, _ = attacked(server_factory, record_property, attack)
+    status, error, rc, took, rounds = own
+    assert rounds >= 1
+    assert (status, error) == (Status.OK, ""), own
+
+
+@pytest.mark.parametrize("attack", ["own-claim", "enqueue-jump", "garbage-cells"])
+def test_a_vandals_lost_entry_is_swept(main_server, attack):
+    """In-process, one round of the attack, then a request whose push cannot be taken
+    off the ring in order (or is never made): the batcher skips or repairs what the
+    client damaged and its sweep answers the request all the same, once."""
+    raw = RawLease(main_server.socket_path)
     try:
-        with vandal_loop(raw, zero_the_flag):
-            x = np.arange(4, dtype=np.float32).reshape(1, 4)
-            for _ in range(20):
-                np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
-            helpers.wait_until(lambda: "a push did not wake the batcher" in server.log(20000), 10,
-                               "the batcher did not notice the pushes that did not wake it")
+        act, _, _ = hostile.RING_ATTACKS[attack]
+        act(raw, raw.client_id, np.random.default_rng(1))
+        status, error, rc, took = hostile.own_request(raw, raw.model_ids["identity"])
+        assert (status, error) == (Status.OK, ""), (status, error, P.RingResult(rc).name, took)
     finally:
         raw.close()
 
 
-def test_a_doorbell_rung_in_a_loop_is_tuned_out(server_factory):
+NOISE = "a client rings it in a loop"
+LOST = "a push did not wake the batcher"
+
+
+def test_a_bell_moved_back_again_and_again(server_factory, record_property):
+    """v4's vandal zeroed batcher_sleeping; v5's can only write the bell. This one
+    stores bell.doorbell back to one value in a tight loop, undoing the victim's pushes'
+    moves of it before the batcher, woken by the push's FUTEX_WAKE, looks: the word is
+    what it was when the batcher fell asleep, so it sleeps on until its timer (the
+    100 ms idle check), and since the word has not moved then either, nothing tells it a
+    push was lost ("a push did not wake the batcher" needs the word moved at the end of
+    the sleep). The victim is still answered, correctly, each request within about
+    100 ms. Whether the batcher defends itself is down to chance: when a noise window
+    (10 ms) happens to start while a push's move is not yet undone (the vandal was
+    preempted: a busy machine) and to end after the move back, the count of rings
+    (modulo 2^32) reads about 2^32 and it tunes the doorbell out, "a client rings it in
+    a loop", then looks every 100 us. On a quiet machine it never does: every request of
+    the victim waits for the idle check (p50 about 100 ms, seen here). That gap is
+    the server's (the lost wake-up goes unnoticed), so the test is xfail when no
+    defence engaged, with the victim's figures, and passes when one did."""
+    seen = []
+
+    def during(server, victim):
+        x = np.ones((1, 4), np.float32)
+        deadline = time.monotonic() + 5
+        while not seen and time.monotonic() < deadline:
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+            log = server.log(20000)
+            seen.extend(what for what in (NOISE, LOST) if what in log)
+
+    server, victim, own, hit = attacked(server_factory, record_property, "bell-moved-back",
+                                        during=during)
+    print(f"bell-moved-back: the batcher logged {seen}")
+    assert own[:2] == (Status.OK, ""), own
+    assert_serving(victim)
+    if not seen:
+        pytest.xfail(f"a bell stored back to one value went unnoticed (no defence in 5 s): "
+                     f"the victim's requests waited for the batcher's idle check, p50 "
+                     f"{hit['p50'] / 1e3:.1f} ms, p99 {hit['p99'] / 1e3:.1f} ms")
+
+
+def test_a_stolen_wake_up_makes_the_batcher_watchful(server_factory, record_property):
+    """Threads of the attacker FUTEX_WAIT on bell.doorbell (any process that maps the
+    bell can): the victim's push wakes one waiter, the oldest, one of theirs, so the
+    batcher sleeps on though the doorbell moved. Once such a sleep ran its course (the
+    idle check, 300 ms here) the batcher says so and, for a second after each,
+    sleeps at most 100 us (batcher.py, WATCHFUL_NS): the victim's requests wait that
+    long, not an idle check each."""
+    def during(server, victim):
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        for _ in range(20):
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+        helpers.wait_until(lambda: LOST in server.log(20000), 10,
+                           "the batcher did not notice the pushes that did not wake it")
+
+    _, _, own, _ = attacked(server_factory, record_property, "wake-stealer",
+                         args=["--idle-check-ms", "300"], during=during)
+    assert own[:2] == (Status.OK, ""), own
+
+
+def test_a_doorbell_rung_in_a_loop_is_tuned_out(server_factory, record_property):
     """Rings for nothing (far more than requests and batches) make the batcher stop
     listening to the doorbell for a while and look on its own clock (batcher.py,
     NOISE_RINGS); honest traffic, however heavy, never does."""
@@ -363,41 +440,256 @@ def test_a_doorbell_rung_in_a_loop_is_tuned_out(server_factory):
             r = f.result(timeout=30)
             np.testing.assert_array_equal(r["OUTPUT0"], x)
             r.release()
-    assert "a client rings it in a loop" not in server.log(20000), server.log(20000)
-    raw = RawLease(server.socket_path)
+    assert NOISE not in server.log(20000), server.log(20000)
 
-    def ring(raw):
-        raw.ctl.store32(L["control.batcher_sleeping"], 1)
-        raw.ctl.doorbell_ring(L["control.doorbell"], L["control.batcher_sleeping"])
+    def during(server, victim):
+        helpers.wait_until(lambda: NOISE in server.log(20000), 20,
+                           "the batcher kept listening to a doorbell rung for nothing")
+        for _ in range(20):
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
 
+    _, _, own, _ = attacked(lambda args: server, record_property, "doorbell-loop",
+                            during=during)
+    assert own[:2] == (Status.OK, ""), own
+
+
+# ---------------------------------------------------------------- the control block is the server's
+
+def test_control_block_is_read_only_to_a_client(main_server):
+    """The hello sends the control segment as an O_RDONLY descriptor: it maps only
+    PROT_READ (a writable shared mapping, or mprotect to writable, is EACCES), and the
+    C core's Mapping of it refuses every write (PermissionError) rather than fault."""
+    import ctypes
+    import fcntl
+    import mmap
+    import os
+
+    raw = RawLease(main_server.socket_path)
     try:
-        with vandal_loop(raw, ring):
-            helpers.wait_until(lambda: "a client rings it in a loop" in server.log(20000), 20,
-                               "the batcher kept listening to a doorbell rung for nothing")
-            for _ in range(20):
-                np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+        fd = raw.control_fd
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        assert raw.ctl.readonly and not raw.bell_ops.readonly and not raw.ops.readonly
+        for write in (lambda: raw.ctl.store32(L["control.server_state"], 2),
+                      lambda: raw.ctl.store64(L["control.magic"], 0),
+                      lambda: raw.ctl.add32(L["control.batcher_sleeping"], 1),
+                      lambda: raw.ctl.cas32(L["control.crowded"], 0, 1),
+                      lambda: raw.ctl.doorbell_ring(L["control.crowded"],
+                                                    L["control.batcher_sleeping"]),
+                      lambda: raw.ctl.ring_batcher(raw.bell_ops)):
+            with pytest.raises(PermissionError):
+                write()
+        assert raw.ctl.load32(L["control.server_state"]) == P.ServerState.READY
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, 4096, access=mmap.ACCESS_WRITE)
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            assert libc.mprotect(addr, 4096, mmap.PROT_READ | mmap.PROT_WRITE) == -1
+            assert ctypes.get_errno() == errno.EACCES
+        finally:
+            libc.munmap(addr, 4096)
+        # the arena and the bell are the client's to write
+        raw.bell_ops.add32(L["bell.doorbell"], 1)
+        raw.ops.store32(L["arena.rang_token"], 0)
     finally:
         raw.close()
 
 
-def test_control_segment_and_arena_cannot_be_resized_by_a_client(main_server):
-    """Both descriptors of the hello reply are memfds sealed against resizing: a
-    shrunk control segment would SIGBUS the coordinator, the batcher and every client."""
+def _reopen_in_child(fd: int, uid: int | None, fchmod: bool) -> list[str]:
+    """In a forked child (as uid, if given): os.open("/proc/self/fd/<fd>", O_RDWR), first
+    as is, then (fchmod) after fchmod(fd, 0600). Returns what each step gave."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # only system calls here, then _exit
+        out = []
+        try:
+            if uid is not None:
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
+            def reopen():
+                os.close(os.open(f"/proc/self/fd/{fd}", os.O_RDWR))
+
+            steps = [("open O_RDWR", reopen)]
+            if fchmod:
+                steps += [("fchmod 0600", lambda: os.fchmod(fd, 0o600)), ("open O_RDWR", reopen)]
+            for what, step in steps:
+                try:
+                    step()
+                    out.append(f"{what}: ok")
+                except OSError as e:
+                    out.append(f"{what}: {errno.errorcode[e.errno]}")
+        finally:
+            os.write(w, "\n".join(out).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        said = f.read().decode().splitlines()
+    os.waitpid(pid, 0)
+    return said
+
+
+def test_control_descriptor_reopened_read_write_through_proc(server_factory):
+    """What O_RDONLY is worth. A client can open its own descriptor again as
+    /proc/self/fd/<n>, which checks the memfd's mode (0400, owner the server's uid), not
+    the descriptor's: root gets O_RDWR at once (CAP_DAC_OVERRIDE); a caller of the
+    server's uid, the file's owner, gets it after fchmod(fd, 0600), which the owner may
+    do through an O_RDONLY descriptor; a caller of another uid (`serve --group`) gets
+    neither. So the control block is read-only to callers of another uid only; for
+    callers of the server's uid (the usual deployment) it is not a boundary, as
+    docs/protocol.md open point 8 says of the same uid in general."""
+    import os
+
+    server = server_factory()
+    raw = RawLease(server.socket_path)
+    try:
+        fd = raw.control_fd
+        owner = ["open O_RDWR: EACCES", "fchmod 0600: ok", "open O_RDWR: ok"]
+        if os.geteuid() != 0:  # this process is of the server's uid: the owner's case
+            assert _reopen_in_child(fd, None, fchmod=True) == owner
+            return
+        rw = os.open(f"/proc/self/fd/{fd}", os.O_RDWR)  # root: no check stops it
+        os.close(rw)
+        nobody = 65534
+        # a caller of another uid: refused, and it cannot change the mode
+        assert _reopen_in_child(fd, nobody, fchmod=True) == [
+            "open O_RDWR: EACCES", "fchmod 0600: EPERM", "open O_RDWR: EACCES"]
+        # a caller of the server's uid, the owner: stand-in, the memfd handed to uid
+        # nobody (the server's processes are root: its owner does not matter to them),
+        # then opened as nobody
+        os.fchown(fd, nobody, -1)
+        assert _reopen_in_child(fd, nobody, fchmod=True) == owner
+    finally:
+        raw.close()
+
+
+def _vandal_writes(ctl) -> None:
+    ctl.store32(L["control.batcher_sleeping"], 0)
+    ctl.store32(L["control.server_state"], P.ServerState.STOPPED)
+    ctl.store32(L["control.crowded"], 1)
+    time.sleep(0.0001)
+
+
+def test_control_block_written_through_a_reopened_descriptor(server_factory):
+    """A root (or same-uid, after fchmod) caller reopens the control block read-write
+    and writes what version 4's vandals wrote, in a loop: batcher_sleeping zeroed (no
+    push wakes the batcher), server_state STOPPED, crowded set. Version 4's defences
+    still bound it: the victim is served (the batcher notices the pushes that did not
+    wake it and looks every 100 us; STOPPED is only a hint a client checks against the
+    server's pid and its lease; crowded stops the victim from spinning)."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, or the server's uid with fchmod")
+    server = server_factory(args=["--idle-check-ms", "300"])
+    victim = server.client(arena_bytes=1 << 20)
+    assert_serving(victim)
+    raw = RawLease(server.socket_path)
+    ctl = Segment.from_fd(os.open(f"/proc/self/fd/{raw.control_fd}", os.O_RDWR), 4096,
+                          "control reopened read-write")
+    try:
+        assert not ctl.ops.readonly
+        with vandal_loop(ctl.ops, _vandal_writes):
+            x = np.arange(4, dtype=np.float32).reshape(1, 4)
+            for _ in range(20):
+                np.testing.assert_array_equal(victim.infer("identity", [x], timeout=10)["OUTPUT0"], x)
+            helpers.wait_until(lambda: LOST in server.log(20000), 10,
+                               "the batcher did not notice the pushes that did not wake it")
+    finally:
+        ctl.close()
+        raw.close()
+
+
+@pytest.mark.xfail(strict=True, raises=errors.ShmServeError,
+                   reason="a caller that reopens the control block read-write (root, or "
+                   "the server's uid after fchmod) can overwrite its header: every new "
+                   "client's hello then fails its check (wrong magic)")
+def test_control_header_overwritten_through_a_reopened_descriptor(server_factory):
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root, or the server's uid with fchmod")
+    server = server_factory()
+    raw = RawLease(server.socket_path)
+    ctl = Segment.from_fd(os.open(f"/proc/self/fd/{raw.control_fd}", os.O_RDWR), 4096,
+                          "control reopened read-write")
+    try:
+        ctl.ops.store64(L["control.magic"], 0)
+        assert_serving(server.client(arena_bytes=1 << 20))  # a new caller
+    finally:
+        ctl.close()
+        raw.close()
+
+
+@contextlib.contextmanager
+def vandal_loop(target, act):
+    """Runs act(target) in a loop on a thread for the with-block."""
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            act(target)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def test_no_segment_of_the_hello_can_be_resized_by_a_client(main_server):
+    """The three descriptors of the hello reply (arena, control, bell) are memfds sealed
+    against resizing: a shrunk control segment or bell would SIGBUS the coordinator, the
+    batcher and every client; a shrunk arena, the server processes that map it. The
+    control descriptor is O_RDONLY (ftruncate: EINVAL); reopened read-write through
+    /proc/self/fd (root can: test_control_descriptor_reopened_read_write_through_proc)
+    it is still sealed."""
+    import fcntl
     import os
     import socket
+
+    from shmserve.segments import SIZE_SEALS
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(main_server.socket_path))
     try:
         sock.sendall(P.pack_frame({"op": P.OP_HELLO, "version": P.PROTOCOL_VERSION,
                                    "arena_bytes": 1 << 16}))
-        reply, fds = P.recv_frame_fds(sock, 2)
-        assert reply["ok"] and len(fds) == 2, (reply, fds)
+        reply, fds = P.recv_frame_fds(sock, 3)
+        assert reply["ok"] and len(fds) == 3, (reply, fds)
         try:
-            for fd, what in zip(fds, ("arena", "control")):
-                for size in (0, os.fstat(fd).st_size + 4096):
-                    with pytest.raises(PermissionError):
-                        os.ftruncate(fd, size)
+            sizes = (reply["arena_bytes"], reply["control_bytes"], reply["bell_bytes"])
+            for fd, what, size in zip(fds, ("arena", "control", "bell"), sizes):
+                assert os.fstat(fd).st_size == size, what
+                assert fcntl.fcntl(fd, fcntl.F_GET_SEALS) & SIZE_SEALS == SIZE_SEALS, what
+                writable = [fd]
+                if what == "control":
+                    with pytest.raises(OSError) as e:
+                        os.ftruncate(fd, 0)
+                    assert e.value.errno == errno.EINVAL  # not open for writing
+                    writable = []
+                    if os.geteuid() == 0:
+                        writable.append(os.open(f"/proc/self/fd/{fd}", os.O_RDWR))
+                for wfd in writable:
+                    try:
+                        for new in (0, size + 4096):
+                            with pytest.raises(PermissionError):
+                                os.ftruncate(wfd, new)
+                    finally:
+                        if wfd != fd:
+                            os.close(wfd)
+                assert os.fstat(fd).st_size == size, what
         finally:
             for fd in fds:
                 os.close(fd)
@@ -406,8 +698,9 @@ def test_control_segment_and_arena_cannot_be_resized_by_a_client(main_server):
 
 
 def test_request_whose_ring_entry_was_lost_is_answered(main_server):
-    """A SUBMITTED request with no ring entry (another client overwrote the cell) is
-    found by the batcher's periodic sweep of slot states and answered."""
+    """A SUBMITTED request with no ring entry (its client never pushed it, or
+    overwrote the cell) is found by the batcher's periodic sweep of slot states and
+    answered."""
     raw = RawLease(main_server.socket_path)
     try:
         d = raw.data_offset
