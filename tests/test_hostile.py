@@ -367,26 +367,20 @@ def test_a_vandals_lost_entry_is_swept(main_server, attack):
         raw.close()
 
 
-NOISE = "a client rings it in a loop"
+NOISE = "the batcher stops listening to it"
 LOST = "a push did not wake the batcher"
 
 
 def test_a_bell_moved_back_again_and_again(server_factory, record_property):
     """v4's vandal zeroed batcher_sleeping; v5's can only write the bell. This one
     stores bell.doorbell back to one value in a tight loop, undoing the victim's pushes'
-    moves of it before the batcher, woken by the push's FUTEX_WAKE, looks: the word is
-    what it was when the batcher fell asleep, so it sleeps on until its timer (the
-    100 ms idle check), and since the word has not moved then either, nothing tells it a
-    push was lost ("a push did not wake the batcher" needs the word moved at the end of
-    the sleep). The victim is still answered, correctly, each request within about
-    100 ms. Whether the batcher defends itself is down to chance: when a noise window
-    (10 ms) happens to start while a push's move is not yet undone (the vandal was
-    preempted: a busy machine) and to end after the move back, the count of rings
-    (modulo 2^32) reads about 2^32 and it tunes the doorbell out, "a client rings it in
-    a loop", then looks every 100 us. On a quiet machine it never does: every request of
-    the victim waits for the idle check (p50 about 100 ms, seen here). That gap is
-    the server's (the lost wake-up goes unnoticed), so the test is xfail when no
-    defence engaged, with the victim's figures, and passes when one did."""
+    moves of it. The batcher, woken by a push's FUTEX_WAKE with the word back where it
+    was, goes and looks anyway (shms_doorbell_wait_x: a sole waiter woken is rung);
+    a push whose wake-up came before its sleep began (the word already back) is found
+    when that sleep ends with entries waiting ("a push did not wake the batcher", then
+    watchful sleeps of 100 us), and a bell seen moved back tunes the doorbell out (the
+    noise defence). The victim is answered, correctly, without waiting for the idle
+    check; its figures are reported, not asserted."""
     seen = []
 
     def during(server, victim):
@@ -402,10 +396,8 @@ def test_a_bell_moved_back_again_and_again(server_factory, record_property):
     print(f"bell-moved-back: the batcher logged {seen}")
     assert own[:2] == (Status.OK, ""), own
     assert_serving(victim)
-    if not seen:
-        pytest.xfail(f"a bell stored back to one value went unnoticed (no defence in 5 s): "
-                     f"the victim's requests waited for the batcher's idle check, p50 "
-                     f"{hit['p50'] / 1e3:.1f} ms, p99 {hit['p99'] / 1e3:.1f} ms")
+    assert seen, (f"a bell stored back to one value went unnoticed (no defence in 5 s); the "
+                  f"victim's p50 {hit['p50'] / 1e3:.1f} ms, p99 {hit['p99'] / 1e3:.1f} ms")
 
 
 def test_a_stolen_wake_up_makes_the_batcher_watchful(server_factory, record_property):

@@ -459,6 +459,40 @@ fail:
   return -1;
 }
 
+/* Whether a live lease's ring holds entries not taken yet (its enqueue_pos past the
+ * batcher's position): after a sleep that ran its course, pushes that did not wake us
+ * (somebody undid the bell's moves). 1, 0, or -1 with an exception. */
+static int rings_waiting(BatcherCore *self, PyObject *arenas) {
+  shms_server_header *h = (shms_server_header *)self->server->base;
+  shms_client_entry *clients = (shms_client_entry *)shms_py_at(
+      self->server, h->clients_offset, (uint64_t)self->max_clients * sizeof(shms_client_entry), 8);
+  if (!clients) return -1;
+  for (uint32_t c = 0; c < self->max_clients; c++) {
+    shms_client_entry *ce = &clients[c];
+    if (shms_load(&ce->state, memory_order_seq_cst) != SHMS_CLIENT_ALIVE) continue;
+    Mapping *arena = NULL;
+    if (!mapped_arena(arenas, c, __atomic_load_n(&ce->generation, __ATOMIC_RELAXED), &arena)) {
+      if (PyErr_Occurred()) return -1;
+      continue; /* not mapped here yet: the next drain maps it */
+    }
+    shms_ring r;
+    if (shms_py_ring_view(arena, self->ring_offset, self->capacity, &r) < 0) return -1;
+    if (shms_load(r.enqueue_pos, memory_order_acquire) != shms_load(&ce->ring_pos, memory_order_relaxed))
+      return 1;
+  }
+  return 0;
+}
+
+/* waiting(arenas) -> whether a live lease's ring holds entries not taken yet. */
+static PyObject *batcher_waiting(BatcherCore *self, PyObject *arenas) {
+  if (!PyDict_Check(arenas)) {
+    PyErr_SetString(PyExc_TypeError, "waiting(arenas): a dict");
+    return NULL;
+  }
+  int w = rings_waiting(self, arenas);
+  return w < 0 ? NULL : PyBool_FromLong(w);
+}
+
 static PyObject *batcher_drain(BatcherCore *self, PyObject *args) {
   unsigned int start, count;
   PyObject *arenas, *items, *stop;
@@ -842,8 +876,10 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
     shms_py_leave(self->ctl);
     if (woke > 0 && woke < 3) shms_fetch_add(&h->batcher_wakeups[woke], 1, memory_order_relaxed);
     if (PyErr_CheckSignals() < 0) goto fail; /* as Python's loop: a handler may raise */
-    if (!woke && idle) {
-      why = SERVE_IDLE;
+    if (!woke && idle) { /* pushes left waiting by a whole sleep did not wake us */
+      int waiting = rings_waiting(self, arenas);
+      if (waiting < 0) goto fail;
+      why = waiting ? SERVE_LOST_RING : SERVE_IDLE;
       break;
     }
     if (woke == SHMS_WAKE_SLEEP && !capped && timeout >= 1000000 &&
@@ -911,6 +947,8 @@ static PyMethodDef batcher_methods[] = {
     {"drain", (PyCFunction)batcher_drain, METH_VARARGS,
      "drain(start, count, arenas) -> (visited, [(model_id, Pending, extra)], stop, consumed): "
      "take the published requests of the live leases' rings (see csrc/batcher.c)."},
+    {"waiting", (PyCFunction)batcher_waiting, METH_O,
+     "waiting(arenas) -> whether a live lease's ring holds entries not taken yet."},
     {"set_queue", (PyCFunction)batcher_set_queue, METH_VARARGS,
      "set_queue(model_id, queue or None, mailboxes, model_off, overlap): the model's queue "
      "is C's: drain() fills it, dispatch() empties it."},

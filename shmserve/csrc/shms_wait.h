@@ -120,7 +120,8 @@ static inline void shms_doorbell_ring_client(SHMS_ATOMIC(uint32_t) * word,
  * (SHMS_SPIN_PREEMPTED_NS); *preempted (if not NULL) says whether a yield lost a
  * whole slice (SHMS_SPIN_LOST_SLICE_NS).
  * Returns SHMS_WAKE_SPIN (1) if the word moved while spinning, SHMS_WAKE_SLEEP (2) if
- * after sleeping, SHMS_WAKE_TIMEOUT (0) on timeout.
+ * after sleeping (for a sole waiter also when woken with the word back where it was),
+ * SHMS_WAKE_TIMEOUT (0) on timeout.
  * *sleeping counts the sleepers (a client's threads on its arena); with a nonzero
  * sole token, the caller is the word's only waiter (the batcher on bell.doorbell, its
  * token in control.batcher_sleeping) and stores the token there while it sleeps,
@@ -148,6 +149,7 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
   /* A sole waiter's token stays for the whole wait, spurious wake-ups included: the
    * ringer that clears it moves the word after clearing, which ends the wait. */
   if (sole) shms_store(sleeping, sole, memory_order_seq_cst);
+  int rung = 0;
   for (;;) {
     int64_t left = -1;
     if (timeout_ns >= 0) {
@@ -155,12 +157,20 @@ static inline int shms_doorbell_wait_x(SHMS_ATOMIC(uint32_t) * word,
       if (left <= 0) break;
     }
     if (!sole) shms_fetch_add(sleeping, 1u, memory_order_seq_cst);
-    if (shms_load(word, memory_order_seq_cst) == seen) shms_futex_wait(word, seen, left);
+    int woken = shms_load(word, memory_order_seq_cst) == seen &&
+                shms_futex_wait(word, seen, left) == 0;
     if (!sole) shms_fetch_add(sleeping, (uint32_t)-1, memory_order_seq_cst);
     if (shms_load(word, memory_order_acquire) != seen) break;
+    /* A sole waiter woken (or its word moved at the call) and the word back at `seen`:
+     * a ring whose moves somebody undid (the batcher's word is on a page every client
+     * writes). Go and look rather than sleep through the pushes that rang. */
+    if (sole && woken) {
+      rung = 1;
+      break;
+    }
   }
   if (sole) shms_store(sleeping, 0u, memory_order_seq_cst);
-  return shms_load(word, memory_order_acquire) != seen ? 2 : 0;
+  return rung || shms_load(word, memory_order_acquire) != seen ? 2 : 0;
 }
 
 static inline int shms_doorbell_wait(SHMS_ATOMIC(uint32_t) * word,

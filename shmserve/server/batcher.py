@@ -94,7 +94,7 @@ class Batcher:
         self.deaf_until = 0  # rings were noise until then: timed sleeps only (NOISE_RINGS)
         self.defence_logged_at = 0
         self.handed = 0  # batches handed over by this loop, ever
-        self.noise_window = (0, 0, 0, 0)  # (start ns, doorbell, entries, batches) then
+        self.noise_window = (0, 0, 0, 0, 0)  # (start ns, doorbell, wake-ups, entries, batches)
         self.retired_check_at = 0
         # every mailbox's state: the loop spins only while no worker computes
         self.states = tuple(self.maps.layout.mailbox(w) + L["mailbox.state"]
@@ -420,6 +420,10 @@ class Batcher:
                 if woke == Wake.SLEEP and (watchful or timeout >= 1_000_000) \
                         and now_ns() - now >= timeout:
                     self.watchful_until = self.defend(self.watchful_until, LOST_RING)
+            elif not deaf and (watchful or timeout >= 1_000_000) \
+                    and self.core.waiting(self.maps.arenas):
+                # a whole sleep with pushes waiting: their rings' moves were undone
+                self.watchful_until = self.defend(self.watchful_until, LOST_RING)
             elif deadline is None and not self.maps.parent_alive():
                 return
 
@@ -461,21 +465,31 @@ class Batcher:
         return True
 
     def watch_noise(self, bell: int) -> None:
-        """Counts the doorbell's rings against the ring entries taken and the batches
-        handed over, per NOISE_WINDOW_NS; far more rings than those: deaf for
+        """Counts the doorbell's rings and our wake-ups against the ring entries taken
+        and the batches handed over, per NOISE_WINDOW_NS; far more than those, or a bell
+        moved back (it only moves forward: a client undoes others' rings): deaf for
         WATCHFUL_NS (re-armed while it goes on)."""
         now = now_ns()
-        start, bell0, entries0, batches0 = self.noise_window
+        start, bell0, wakes0, entries0, batches0 = self.noise_window
         if now - start < NOISE_WINDOW_NS:
             return
-        self.noise_window = (now, bell, self.intake.consumed, self.handed)
-        rings = (bell - bell0) & 0xFFFFFFFF
+        srv, counters = self.maps.srv, L["server.batcher_wakeups"]
+        wakes = sum(srv.load64(counters + 8 * w) for w in (Wake.SPIN, Wake.SLEEP))
+        self.noise_window = (now, bell, wakes, self.intake.consumed, self.handed)
+        if not start:
+            return
+        moves = (bell - bell0) & 0xFFFFFFFF
         work = (self.intake.consumed - entries0) + (self.handed - batches0)
-        if start and rings > 2 * work + NOISE_RINGS:
-            self.deaf_until = self.defend(
-                self.deaf_until, f"bell.doorbell: rung {rings} times in "
-                f"{(now - start) // 1_000_000} ms for {work} requests and batches (a client "
-                "rings it in a loop); the batcher stops listening to it")
+        if moves >= 1 << 31:
+            what = "moved back (a client undoes the others' rings)"
+        elif moves + (wakes - wakes0) > 3 * work + NOISE_RINGS:
+            what = (f"rung {moves} times, {wakes - wakes0} wake-ups, in "
+                    f"{(now - start) // 1_000_000} ms for {work} requests and batches (a client "
+                    "rings it in a loop)")
+        else:
+            return
+        self.deaf_until = self.defend(self.deaf_until, f"bell.doorbell: {what}; the batcher "
+                                      "stops listening to it")
 
     def defend(self, until: int, what: str) -> int:
         """A client breaks the doorbell's rules: returns when the defence (a look every
