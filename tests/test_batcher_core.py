@@ -477,3 +477,45 @@ def test_a_batch_queue_is_used_only_as_built():
         q.__init__(Pending, 8, 0, (), 0)
     with pytest.raises(ValueError, match="preferred batch sizes"):
         _core.BatchQueue(Pending, 1024, 0, tuple(range(1, 300)), 0)
+
+
+def test_serve_gives_python_every_ring_from_its_stop_round_again(rig):
+    """A drain serve() stops mid-round (here: client 1's arena not mapped) hands Python
+    the rest of the round from the stop *and* the rings drained before it: those were
+    drained before Python's pass loads the doorbell, and a push to one meanwhile did
+    not ring (the batcher was awake)."""
+    rig.submit(1, 0)
+    del rig.arenas[1]
+    rig.rotor = 0
+    now = _core.now_ns()
+    states = tuple(mb + L["mailbox.state"] for mb in rig.mailboxes)
+    bell = rig.bell.load32(L["bell.doorbell"])
+    _, why, items, stop, _, _, start, left = rig.core.serve(
+        0, rig.arenas, bell - 1, None, now + 10**9, now + 10**9,
+        rig.srv.load32(L["server.table_epoch"]), 0, 1_000_000, states)
+    assert why == 1 and stop == (STOP_MAP, 1) and items == []  # SERVE_DRAINED
+    assert (start, left) == (1, rig.n_clients)  # from ring 1 round to ring 0 again
+
+
+def test_waiting_means_a_published_entry_at_the_batcher_s_position(rig):
+    """BatcherCore.waiting, the lost-ring evidence after a whole sleep: a claim still
+    being written (or stalled) moved enqueue_pos but rang nobody yet, so it is not."""
+    ops, ring = rig.ops(0), rig.rings[0]
+    assert not rig.core.waiting(rig.arenas)
+    ops.store64(ring.offset, (1 << 63) | (0 << 32) | 0)  # claimed, as a client between CASes
+    ops.store64(L["arena.enqueue_pos"], 1)
+    assert not rig.core.waiting(rig.arenas)
+    ops.store64(ring.offset, 1)  # published
+    assert rig.core.waiting(rig.arenas)
+
+
+def test_a_lease_whose_arena_cannot_be_mapped_is_passed_over(rig):
+    """ServerMaps marks a live lease whose arena's header is not its own (its client
+    wrote over it) (lease, None, None): drain and waiting pass it over instead of
+    stopping every pass for Python to try mapping it again."""
+    rig.submit(1, 0)
+    rig.submit(0, 1)
+    rig.arenas[1] = (1, None, None)
+    items, stop = rig.drain()
+    assert stop is None and [p.client for _, p, _ in items] == [0]
+    assert rig.pos(1) == 0 and not rig.core.waiting(rig.arenas)

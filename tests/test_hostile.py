@@ -772,3 +772,53 @@ def test_infinite_arena_request_gets_an_error_reply(main_server):
         assert reply["ok"] is False and "arena" in reply["error"]
     finally:
         sock.close()
+
+
+def test_an_honest_stalled_claim_is_no_lost_ring(server_factory):
+    """A claim stalls the head of its client's ring (as a thread preempted between its
+    two CASes does) while a push behind it rings: the batcher waits out the claim's
+    grace (20 ms) and takes the push then. A sleep that ends with only a claim at a
+    ring's head is no evidence of tampering: "a push did not wake the batcher" needs a
+    published entry left waiting (BatcherCore.waiting)."""
+    from shmserve_bench.hostile import claim_head, own_request
+
+    server = server_factory()
+    raw = RawLease(server.socket_path)
+    try:
+        for _ in range(3):
+            claim_head(raw, raw.client_id)
+            status, error, rc, took = own_request(raw, raw.model_ids["identity"])
+            assert (status, error) == (Status.OK, ""), (status, error, rc)
+            assert took >= 0.015, took  # behind the stalled claim, skipped after 20 ms
+            raw.free(0)
+        log = server.log(20000)
+        assert "stayed unpublished" in log, log
+        assert LOST not in log, log
+    finally:
+        raw.close()
+
+
+def test_a_client_that_overwrites_its_arena_header_is_not_served_and_costs_nothing(
+        server_factory):
+    """Zeroing its own arena's magic before the batcher mapped it: the batcher cannot
+    tell that arena is the lease's, marks the lease unusable once (a warning) and
+    passes it over from then on, instead of reopening the arena at every pass; the
+    other callers are served."""
+    server = server_factory()
+    victim = server.client(arena_bytes=1 << 20)
+    raw = RawLease(server.socket_path)
+    try:
+        raw.buf[0:8] = bytes(8)  # before any push: the batcher has not mapped it
+        d = raw.data_offset
+        gen = raw.write_raw_request(0, raw.model_ids["identity"], 1, 1,
+                                    [(0, FP32, 2, d, 16, (1, 4))], [(0, 0, 0, d + 4096, 4096, ())])
+        raw.push(0, gen)
+        x = np.ones((1, 4), np.float32)
+        for _ in range(200):
+            np.testing.assert_array_equal(victim.infer("identity", [x], timeout=3)["OUTPUT0"], x)
+        helpers.wait_until(lambda: "its requests are not served" in server.log(20000), 10,
+                           "the batcher did not mark the lease unusable")
+        assert server.log(20000).count("its requests are not served") == 1, server.log(20000)
+        assert raw.wait_done(0, timeout=0.5) is None  # its own request: never taken
+    finally:
+        raw.close()

@@ -139,6 +139,12 @@ class Engine:
         self._ctl, self._ops = self._control.ops, self._arena.ops
         try:
             self._ring = P.Ring(self._ops)  # this client's submission ring, in its arena
+            # where the protocol's geometry puts it, as the server (which never reads
+            # the header) takes it
+            expected = _core.arena_layout(hello.n_slots, 0)[3:5]
+            if (self._ring.offset, self._ring.capacity) != expected:
+                raise ValueError(f"submission ring at {self._ring.offset} with "
+                                 f"{self._ring.capacity} cells, expected {expected}")
         except ValueError as e:
             raise errors.ShmServeError(f"segment {self._arena.name}: {e}", P.Status.INVALID_ARG) from None
         self._slots_offset = hello.slots_offset

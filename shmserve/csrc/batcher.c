@@ -66,7 +66,8 @@ static int batcher_init(BatcherCore *self, PyObject *args, PyObject *kw) {
   if (!PyArg_ParseTuple(args, "O!O!O!O", &MappingType, &ctl, &MappingType, &bell, &MappingType,
                         &server, &pending_type))
     return -1;
-  if (!shms_py_at(ctl, 0, sizeof(shms_control), 64) || !shms_py_at(bell, 0, sizeof(shms_bell), 64) ||
+  if (!shms_py_writable(ctl) || !shms_py_writable(bell) || !shms_py_writable(server) ||
+      !shms_py_at(ctl, 0, sizeof(shms_control), 64) || !shms_py_at(bell, 0, sizeof(shms_bell), 64) ||
       !shms_py_at(server, 0, sizeof(shms_server_header), 8))
     return -1;
   const shms_server_header *sh = (const shms_server_header *)server->base;
@@ -123,7 +124,8 @@ static void batcher_dealloc(BatcherCore *self) {
 
 /* The arena Segment of a live lease from the batcher's {client_id: (lease, Segment,
  * ArenaLayout)} (ServerMaps.arenas), and its Mapping; NULL (no exception) when the
- * lease has no mapping yet or a stale one: Python maps it. */
+ * lease has no mapping yet or a stale one: Python maps it; the lease's entry with
+ * None for the Segment: its arena cannot be mapped (ServerMaps.arena), *ops NULL. */
 static PyObject *mapped_arena(PyObject *arenas, uint32_t client_id, uint32_t lease,
                               Mapping **ops) {
   PyObject *key = PyLong_FromUnsignedLong(client_id);
@@ -135,6 +137,10 @@ static PyObject *mapped_arena(PyObject *arenas, uint32_t client_id, uint32_t lea
   if (have == (unsigned long)-1 && PyErr_Occurred()) return NULL;
   if (have != lease) return NULL;
   PyObject *seg = PyTuple_GET_ITEM(cached, 1);
+  if (seg == Py_None) {
+    *ops = NULL;
+    return seg; /* known unusable: not Python's to try again */
+  }
   PyObject *m = PyObject_GetAttr(seg, s_ops);
   if (!m) return NULL;
   Py_DECREF(m); /* the Segment holds it */
@@ -316,6 +322,7 @@ static int drain_rings(BatcherCore *self, uint32_t start, uint32_t count, PyObje
       stop = Py_BuildValue("(iI)", STOP_MAP, c);
       break;
     }
+    if (!arena) continue; /* its arena cannot be mapped: nothing of it is served */
     shms_ring r;
     if (shms_py_ring_view(arena, self->ring_offset, self->capacity, &r) < 0) goto fail;
     const uint64_t p0 = shms_load(&ce->ring_pos, memory_order_relaxed);
@@ -459,9 +466,9 @@ fail:
   return -1;
 }
 
-/* Whether a live lease's ring holds entries not taken yet (its enqueue_pos past the
- * batcher's position): after a sleep that ran its course, pushes that did not wake us
- * (somebody undid the bell's moves). 1, 0, or -1 with an exception. */
+/* Whether a live lease's ring has a published entry at the batcher's position: after
+ * a sleep that ran its course, a push that did not wake us (somebody undid the bell's
+ * moves, or stole its wake-up). 1, 0, or -1 with an exception. */
 static int rings_waiting(BatcherCore *self, PyObject *arenas) {
   shms_server_header *h = (shms_server_header *)self->server->base;
   shms_client_entry *clients = (shms_client_entry *)shms_py_at(
@@ -475,15 +482,17 @@ static int rings_waiting(BatcherCore *self, PyObject *arenas) {
       if (PyErr_Occurred()) return -1;
       continue; /* not mapped here yet: the next drain maps it */
     }
+    if (!arena) continue; /* cannot be mapped */
     shms_ring r;
     if (shms_py_ring_view(arena, self->ring_offset, self->capacity, &r) < 0) return -1;
-    if (shms_load(r.enqueue_pos, memory_order_acquire) != shms_load(&ce->ring_pos, memory_order_relaxed))
-      return 1;
+    /* a published head: a claim still being written (or stalled) rang nobody yet */
+    uint64_t pos = shms_load(&ce->ring_pos, memory_order_relaxed);
+    if (shms_load(&r.cells[pos & (r.capacity - 1)].seq, memory_order_acquire) == pos + 1) return 1;
   }
   return 0;
 }
 
-/* waiting(arenas) -> whether a live lease's ring holds entries not taken yet. */
+/* waiting(arenas) -> whether a live lease's ring has a published entry not taken. */
 static PyObject *batcher_waiting(BatcherCore *self, PyObject *arenas) {
   if (!PyDict_Check(arenas)) {
     PyErr_SetString(PyExc_TypeError, "waiting(arenas): a dict");
@@ -905,8 +914,11 @@ static PyObject *batcher_serve(BatcherCore *self, PyObject *args) {
       goto fail;
     consumed += took;
     if (PyList_GET_SIZE(items) || stop != Py_None) {
+      /* Python goes on from the stop's ring round every ring: those drained before it
+       * were drained before Python's pass loads the doorbell, and a push to them
+       * meanwhile may not have rung (we were awake) */
       start += visited;
-      left = self->max_clients - visited;
+      left = self->max_clients;
       why = SERVE_DRAINED;
       break;
     }
@@ -948,7 +960,7 @@ static PyMethodDef batcher_methods[] = {
      "drain(start, count, arenas) -> (visited, [(model_id, Pending, extra)], stop, consumed): "
      "take the published requests of the live leases' rings (see csrc/batcher.c)."},
     {"waiting", (PyCFunction)batcher_waiting, METH_O,
-     "waiting(arenas) -> whether a live lease's ring holds entries not taken yet."},
+     "waiting(arenas) -> whether a live lease's ring has a published entry not taken."},
     {"set_queue", (PyCFunction)batcher_set_queue, METH_VARARGS,
      "set_queue(model_id, queue or None, mailboxes, model_off, overlap): the model's queue "
      "is C's: drain() fills it, dispatch() empties it."},

@@ -366,7 +366,8 @@ static int core_init(ClientCore *self, PyObject *args, PyObject *kw) {
   }
   self->n_in_dtypes = (uint32_t)PyTuple_GET_SIZE(in_dtypes);
   /* The geometry the hello reply announced, checked once against the mapping. */
-  if (!shms_py_at(arena, 0, sizeof(shms_arena_header), 64) ||
+  if (!shms_py_writable(arena) || !shms_py_writable(bell) ||
+      !shms_py_at(arena, 0, sizeof(shms_arena_header), 64) ||
       !shms_py_at(arena, slots_offset, (uint64_t)n_slots * sizeof(shms_slot), 64) ||
       !shms_py_at(control, 0, sizeof(shms_control), 64) ||
       !shms_py_at(bell, 0, sizeof(shms_bell), 64))

@@ -50,6 +50,9 @@ typedef struct {
 extern PyTypeObject SpinType;
 extern PyTypeObject *TensorRefType; /* shmserve._core.TensorRef, a named tuple */
 
+/* 1, or 0 with PermissionError for a read-only mapping (a write would fault). */
+int shms_py_writable(Mapping *m);
+
 /* Pointer to [off, off+len) inside the mapping, aligned to `align`, or NULL with an
  * exception set. */
 void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t align);

@@ -59,8 +59,7 @@ void *shms_py_at(Mapping *m, unsigned long long off, uint64_t len, uint64_t alig
 #define ATOMIC32(m, off) ((SHMS_ATOMIC(uint32_t) *)shms_py_at((m), (off), 4, 4))
 #define ATOMIC64(m, off) ((SHMS_ATOMIC(uint64_t) *)shms_py_at((m), (off), 8, 8))
 
-/* A write through a read-only mapping would fault: raise instead. */
-static int writable(Mapping *m) {
+int shms_py_writable(Mapping *m) {
   if (!m->readonly) return 1;
   PyErr_SetString(PyExc_PermissionError, "read-only mapping: a client's control block is the server's");
   return 0;
@@ -79,7 +78,7 @@ static PyObject *m_load64(Mapping *self, PyObject *arg) {
 }
 
 static PyObject *m_store32(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off;
   unsigned int v;
   if (!PyArg_ParseTuple(args, "KI", &off, &v)) return NULL;
@@ -90,7 +89,7 @@ static PyObject *m_store32(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_store64(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, v;
   if (!PyArg_ParseTuple(args, "KK", &off, &v)) return NULL;
   SHMS_ATOMIC(uint64_t) *p = ATOMIC64(self, off);
@@ -100,7 +99,7 @@ static PyObject *m_store64(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_add32(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off;
   int v;
   if (!PyArg_ParseTuple(args, "Ki", &off, &v)) return NULL;
@@ -110,7 +109,7 @@ static PyObject *m_add32(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_add64(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, v;
   if (!PyArg_ParseTuple(args, "KK", &off, &v)) return NULL;
   SHMS_ATOMIC(uint64_t) *p = ATOMIC64(self, off);
@@ -119,7 +118,7 @@ static PyObject *m_add64(Mapping *self, PyObject *args) {
 }
 
 static PyObject *m_cas32(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off;
   unsigned int expected, desired;
   if (!PyArg_ParseTuple(args, "KII", &off, &expected, &desired)) return NULL;
@@ -141,7 +140,7 @@ static PyObject *m_wake(Mapping *self, PyObject *args) {
 
 /* doorbell_ring(word_off, sleeping_off, n=1): wakes up to n counted sleepers */
 static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, soff;
   int n = 1;
   if (!PyArg_ParseTuple(args, "KK|i", &off, &soff, &n)) return NULL;
@@ -155,7 +154,7 @@ static PyObject *m_doorbell_ring(Mapping *self, PyObject *args) {
  * rings the batcher: bell.doorbell with control.batcher_sleeping's token taken back
  * (shms_doorbell_ring_sole) */
 static PyObject *m_ring_batcher(Mapping *self, PyObject *arg) {
-  if (!writable(self) || (PyObject_TypeCheck(arg, &MappingType) && !writable((Mapping *)arg))) return NULL;
+  if (!shms_py_writable(self) || (PyObject_TypeCheck(arg, &MappingType) && !shms_py_writable((Mapping *)arg))) return NULL;
   if (!PyObject_TypeCheck(arg, &MappingType)) {
     PyErr_SetString(PyExc_TypeError, "ring_batcher(bell): the bell segment's Mapping");
     return NULL;
@@ -244,6 +243,7 @@ static PyObject *m_ring_attach(Mapping *self, PyObject *unused) {
 
 /* ring_push(offset, capacity, owner, slot, generation) -> shms_ring_result */
 static PyObject *m_ring_push(Mapping *self, PyObject *args) {
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, cap;
   unsigned int owner, slot, gen;
   shms_ring r;
@@ -256,6 +256,7 @@ static PyObject *m_ring_push(Mapping *self, PyObject *args) {
  *   (SHMS_POP_OK, client, slot, generation): taken; the position is now pos + 1
  *   (SHMS_POP_STALLED, owner, head_seq, 0) | (SHMS_POP_CORRUPT, 0, head_seq, 0) */
 static PyObject *m_ring_pop(Mapping *self, PyObject *args) {
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, cap, pos;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
@@ -271,6 +272,7 @@ static PyObject *m_ring_pop(Mapping *self, PyObject *args) {
 
 /* ring_skip(offset, capacity, pos, head_seq) -> True if the head was skipped. */
 static PyObject *m_ring_skip(Mapping *self, PyObject *args) {
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, cap, pos, head_seq;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKKK", &off, &cap, &pos, &head_seq)) return NULL;
@@ -281,6 +283,7 @@ static PyObject *m_ring_skip(Mapping *self, PyObject *args) {
 
 /* ring_repair(offset, capacity, pos) -> True if enqueue_pos had to be moved back. */
 static PyObject *m_ring_repair(Mapping *self, PyObject *args) {
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off, cap, pos;
   shms_ring r;
   if (!PyArg_ParseTuple(args, "KKK", &off, &cap, &pos)) return NULL;
@@ -313,7 +316,7 @@ static PyObject *m_ring_pending(Mapping *self, PyObject *args) {
 /* put(offset, obj): copies a C-contiguous buffer (a numpy array, bytes) into the
  * mapping at offset; the GIL is released for large copies. Returns the byte count. */
 static PyObject *m_put(Mapping *self, PyObject *args) {
-  if (!writable(self)) return NULL;
+  if (!shms_py_writable(self)) return NULL;
   unsigned long long off;
   PyObject *obj;
   if (!PyArg_ParseTuple(args, "KO", &off, &obj)) return NULL;

@@ -365,7 +365,8 @@ static PyObject *m_push_request(Mapping *self, PyObject *args) {
                         &bell, &owner, &slot, &gen, &check))
     return NULL;
   shms_submitter sub;
-  if (shms_py_ring_view(self, off, cap, &sub.ring) < 0 ||
+  if (!shms_py_writable(self) || !shms_py_writable(bell) ||
+      shms_py_ring_view(self, off, cap, &sub.ring) < 0 ||
       !shms_py_at(control, 0, sizeof(shms_control), 64) ||
       !shms_py_at(bell, 0, sizeof(shms_bell), 64))
     return NULL;

@@ -25,9 +25,11 @@ L = LAYOUT
 log = logging.getLogger("shmserve.batcher")
 IDLE_CHECK_MS = 100  # an idle batcher checks its coordinator this often (--idle-check-ms)
 RETIRED_CHECK_NS = 10_000_000  # look for retired instances' batches this often (they ring too)
-# A sleep that ran its whole course although the doorbell moved meanwhile: a push did
-# not wake us, which an honest client cannot cause (it rings whenever the token says we
-# sleep). A client is moving bell.doorbell back, or pushing without ringing;
+# A sleep that ran its whole course although the doorbell moved meanwhile, or with a
+# published entry waiting in a ring (BatcherCore.waiting; a claim still unpublished is
+# none): a push did not wake us, which an honest client cannot cause (it rings whenever
+# the token says we sleep). A client is moving bell.doorbell back, waiting on it to
+# steal our wake-ups, or pushing without ringing;
 # for WATCHFUL_NS after each such sleep, the batcher sleeps at most WATCHFUL_SLEEP_NS,
 # so the other callers' requests wait that long for it instead of a whole idle check.
 WATCHFUL_NS = 1_000_000_000
@@ -433,6 +435,7 @@ class Batcher:
         ring head, ring damage, a model unloading)."""
         intake = self.intake
         return (now >= self.watchful_until and now >= self.deaf_until and not intake.stalls
+                and not intake.revisit_at
                 and now >= intake.damaged_until and not self.draining
                 and not any(len(m.scheduler) for m in self.models if not m.in_core))
 

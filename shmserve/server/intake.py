@@ -33,6 +33,7 @@ SWEEP_NS = 1_000_000_000  # look for SUBMITTED requests the rings lost this ofte
 # requests at least this old: a client whose threads race a vandal of its own (or
 # whose ring a bug damaged) would otherwise wait SWEEP_NS / 10 for each lost entry.
 DAMAGED_SWEEP_NS = 1_000_000
+RING_REVISIT_NS = 100_000  # a ring given up on for a pass (the tries bound) is looked at again
 SEQUENCE_FLAGS = L["REQUEST_SEQUENCE_START"] | L["REQUEST_SEQUENCE_END"]  # STREAM is not one
 NO_OPTIONS = (0, 0, 0, 0, 0, 0, False)  # a request's options when it sets none
 STOP_POP, STOP_MAP, STOP_INVALID, STOP_RING = 0, 1, 2, 3  # why BatcherCore.drain stopped
@@ -53,8 +54,9 @@ class Intake:
         self.n_models = maps.layout.n_models
         self.core = BatcherCore(maps.ctl, maps.bell_ops, maps.srv, Pending)
         self.rotor = 0  # the ring each pass begins with: one further each pass (fairness)
-        # client id -> ((ring position, head seq), since ns) of a claimed, unpublished head
-        self.stalls: dict[int, tuple[tuple[int, int], int]] = {}
+        # client id -> (ring position, since ns) of a claimed, unpublished head
+        self.stalls: dict[int, tuple[int, int]] = {}
+        self.revisit_at = 0  # a ring left with entries (the tries bound): come back then
         self.sweep_at = self.full_sweep_at = now_ns() + SWEEP_NS
         self.leases_dropped_at = now_ns()
         self.damaged: dict[int, int] = {}  # client id -> its ring damaged until: quick sweeps
@@ -96,6 +98,7 @@ class Intake:
         request was taken."""
         n = self.maps.layout.max_clients
         took, fresh, stalled = False, False, set()
+        self.revisit_at = 0
         if self.carried is not None:  # what BatcherCore.serve's drain left us
             (items, stop, start, left), self.carried = self.carried, None
         else:
@@ -145,7 +148,10 @@ class Intake:
                     if kind == POP_CORRUPT and head_seq != ring.pos - 1 + ring.capacity:
                         self.ring_damaged(client_id, f"ring cell at position {ring.pos - 1} "
                                           f"held {head_seq:#x}")
-            if advance or tries > 2 * self.maps.layout.slots_per_client + 2:
+            if not advance and tries > 2 * self.maps.layout.slots_per_client + 2:
+                self.revisit_at = now_ns() + RING_REVISIT_NS  # its entries: the next pass
+                advance = True
+            if advance:
                 start, left, tries = start + 1, left - 1, 0
             items, stop, start, left = self._drain(start, left) if left > 0 else ([], None, start, 0)
             fresh = True
@@ -289,7 +295,9 @@ class Intake:
         """The head of a client's ring is claimed and not published. Skip it once it
         has held the head for RING_STALL_NS: then the owner's publish fails and a live
         client pushes again. Only that client's own requests wait meanwhile."""
-        now, at = now_ns(), (ring.pos, head_seq)
+        # keyed on the position alone: a client rewriting its claim word's owner bits
+        # must not keep its stall from maturing
+        now, at = now_ns(), ring.pos
         stall = self.stalls.get(client_id)
         if stall is None or stall[0] != at:
             self.stalls[client_id] = (at, now)
@@ -302,9 +310,12 @@ class Intake:
         return True
 
     def stall_ends(self) -> int | None:
-        """When the grace of the earliest stalled claim ends (None: no stall): the loop
-        must come back then to skip it."""
-        return min((since + RING_STALL_NS for _, since in self.stalls.values()), default=None)
+        """When the grace of the earliest stalled claim ends, or a ring left behind by
+        the tries bound is due (None: neither): the loop must come back then."""
+        due = [since + RING_STALL_NS for _, since in self.stalls.values()]
+        if self.revisit_at:
+            due.append(self.revisit_at)
+        return min(due, default=None)
 
     def ring_damaged(self, client_id: int, what: str) -> None:
         """A client broke its ring's rules: its entries may have been lost, so sweep

@@ -41,7 +41,9 @@ class ServerMaps:
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
         self.spin.watch(self.srv, L["server.crowded"])  # the coordinator's cpu_watch
         self.coordinator_pid = boot["coordinator_pid"]
-        self.arenas: dict[int, tuple[int, Segment, ArenaLayout]] = {}
+        # {client_id: (lease, Segment, ArenaLayout)}; (lease, None, None): that live
+        # lease's arena cannot be mapped (its header is not its own): not tried again
+        self.arenas: dict[int, tuple[int, Segment | None, ArenaLayout | None]] = {}
         # {client_id: (lease, Mapping)} of arenas, as _core.Batch.begin looks them up
         self.mapped: dict[int, tuple[int, _core.Mapping]] = {}
         self._retired: list[Segment] = []  # mappings of ended leases, closed between batches
@@ -67,10 +69,12 @@ class ServerMaps:
             return None
         cached = self.arenas.get(client_id)
         if cached and cached[0] == lease:
-            return cached[1], cached[2]
+            return None if cached[1] is None else (cached[1], cached[2])
         if cached:  # an older lease of this client id: unmapped by drop_ended_leases
-            self._retired.append(self.arenas.pop(client_id)[1])
-            del self.mapped[client_id]
+            old = self.arenas.pop(client_id)[1]
+            if old is not None:
+                self._retired.append(old)
+            self.mapped.pop(client_id, None)
         # /proc/<coordinator>/fd/<memfd>: the coordinator's descriptor of the arena
         _, _, size, path = self.srv.read_client_entry(self.layout.client(client_id))
         try:
@@ -88,6 +92,13 @@ class ServerMaps:
             owner = None
         if owner != (client_id, lease) or self.lease_of(client_id) != (ClientState.ALIVE, lease):
             seg.close()
+            if self.lease_of(client_id) == (ClientState.ALIVE, lease):
+                # the lease lived throughout, so the descriptor was its arena's: its own
+                # client wrote over the header. Nothing of this lease is served, and the
+                # batcher does not reopen the arena at every pass
+                log.warning("client %d: its arena's header is not an arena's; its requests "
+                            "are not served", client_id)
+                self.arenas[client_id] = (lease, None, None)
             return None
         layout = ArenaLayout(self.layout.slots_per_client, size)
         if self.pinning is not None:
@@ -104,8 +115,9 @@ class ServerMaps:
         for client_id, (lease, seg, _) in list(self.arenas.items()):
             if self.lease_of(client_id) != (ClientState.ALIVE, lease):
                 del self.arenas[client_id]
-                del self.mapped[client_id]
-                self._retired.append(seg)
+                self.mapped.pop(client_id, None)
+                if seg is not None:
+                    self._retired.append(seg)
         while self._retired:
             seg = self._retired.pop()
             if self.pinning is not None:
@@ -121,7 +133,8 @@ class ServerMaps:
                         "GPU: %s)", client_id, e)
 
     def live_leases(self) -> set:
-        return {(client_id, lease) for client_id, (lease, _, _) in self.arenas.items()}
+        return {(client_id, lease) for client_id, (lease, seg, _) in self.arenas.items()
+                if seg is not None}
 
     def fail_batch(self, worker: int, model_id: int, message: str) -> int:
         """Answers every request of the batch in a mailbox whose worker died with it
