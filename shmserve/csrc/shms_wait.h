@@ -54,6 +54,11 @@ static inline void shms_doorbell_ring(SHMS_ATOMIC(uint32_t) * word,
   if (shms_load(sleeping, memory_order_seq_cst)) shms_futex_wake(word, n);
 }
 
+/* How many waiters a ring of the batcher's bell wakes: all. The batcher is its only
+ * honest waiter, so this costs nothing more; but any client can FUTEX_WAIT on a word
+ * it maps, and a wake-up of one waiter (the oldest) would go to such a thief. */
+#define SHMS_BELL_WAKE_ALL INT32_MAX
+
 /* Ring the doorbell of a sole waiter (the batcher's: shms_doorbell_wait_x with a
  * token): the first ring after it fell asleep takes its token back to 0 and wakes it;
  * the rings after that find 0 and make no system call, so a burst of pushes costs one
@@ -72,7 +77,7 @@ static inline void shms_doorbell_ring_sole(SHMS_ATOMIC(uint32_t) * word,
   uint32_t token = shms_load(sleeping, memory_order_seq_cst);
   if (token && shms_cas(sleeping, &token, 0u)) {
     shms_fetch_add(word, 1u, memory_order_seq_cst);
-    shms_futex_wake(word, 1);
+    shms_futex_wake(word, SHMS_BELL_WAKE_ALL);
   }
 }
 
@@ -97,7 +102,7 @@ static inline void shms_doorbell_ring_client(SHMS_ATOMIC(uint32_t) * word,
   uint32_t mine = shms_load(rang, memory_order_relaxed);
   if (mine != token && shms_cas(rang, &mine, token)) {
     shms_fetch_add(word, 1u, memory_order_seq_cst);
-    shms_futex_wake(word, 1);
+    shms_futex_wake(word, SHMS_BELL_WAKE_ALL);
   }
 }
 
