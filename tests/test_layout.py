@@ -54,8 +54,7 @@ PINNED = {
     "tensor_spec.size": 136,
     "shadow.size": 32 + 64 + 2 * 16 * 96,
     "mailbox.size": 80 + 8 * 256,  # two batches deep: shadow[] and next_shadow[]
-    "server.size": 112,
-    "server.crowded": 104,
+    "server.size": 104,
     "MAX_TENSORS": 16,
     "MAX_DIMS": 8,
     "ERROR_BYTES": 256,

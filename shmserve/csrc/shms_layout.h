@@ -520,10 +520,6 @@ typedef struct shms_server_header {
    * request pushed (slot t_ns[ENQUEUE]) at or after it is refused; earlier ones drain. */
   SHMS_ATOMIC(uint64_t) drain_since_ns;
   SHMS_ATOMIC(uint64_t) batcher_wakeups[3]; /* the batcher's waits by enum shms_wake */
-  /* Coordinator: control.crowded's twin, watched by the server's own waiters (it
-   * predates the read-only control block; both are the coordinator's to write). */
-  SHMS_ATOMIC(uint32_t) crowded;
-  uint32_t reserved;
 } shms_server_header;
 
 /* ------------------------------------------------------------- layout checks */
@@ -555,7 +551,7 @@ SHMS_STATIC_ASSERT(sizeof(shms_client_entry) == 96, "shms_client_entry size");
 SHMS_STATIC_ASSERT(sizeof(shms_tensor_spec) == 136, "shms_tensor_spec size");
 SHMS_STATIC_ASSERT(sizeof(shms_shadow) == 32 + sizeof(shms_request), "shms_shadow size");
 SHMS_STATIC_ASSERT(sizeof(shms_mailbox) == 80 + 8 * SHMS_MAX_BATCH_REQUESTS, "mailbox size");
-SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 112, "shms_server_header size");
+SHMS_STATIC_ASSERT(sizeof(shms_server_header) == 104, "shms_server_header size");
 SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
 #endif
 
@@ -657,6 +653,6 @@ SHMS_STATIC_ASSERT(sizeof(shms_cuda_ipc) == 160, "shms_cuda_ipc size");
   F(server, shms_server_header, mailboxes_offset)                                       \
   F(server, shms_server_header, segment_bytes)                                          \
   F(server, shms_server_header, drain_since_ns)                                         \
-  F(server, shms_server_header, batcher_wakeups) F(server, shms_server_header, crowded)
+  F(server, shms_server_header, batcher_wakeups)
 
 #endif /* SHMS_LAYOUT_H */

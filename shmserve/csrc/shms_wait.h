@@ -209,7 +209,7 @@ typedef struct shms_spin {
   int64_t typical_ns; /* exponential average of recent waits */
   int64_t backoff;    /* waits left without spinning: the last spin was preempted */
   uint64_t preempted; /* spins cut short by preemption, ever (for statistics) */
-  /* control.crowded or server.crowded, NULL: not watched. Nonzero: do not spin. */
+  /* control.crowded, NULL: not watched. Nonzero: do not spin. */
   SHMS_ATOMIC(uint32_t) * crowded;
 } shms_spin;
 

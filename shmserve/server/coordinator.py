@@ -334,7 +334,6 @@ class Coordinator(ControlPlane, Supervisor, ModelControl):
     def publish_crowded(self, crowded: bool) -> None:
         """cpu_watch's verdict, to the clients' waiters and to the server's own."""
         self.control.ops.store32(L["control.crowded"], int(crowded))
-        self.server.ops.store32(L["server.crowded"], int(crowded))
 
     def in_flight(self) -> int:
         """Requests of live leases the server holds (submitted, queued or running)."""

@@ -39,7 +39,7 @@ class ServerMaps:
         self.bell_ops = self.bell.ops
         self.srv = self.server.ops
         self.spin = AdaptiveSpin(int(boot["spin_us"] * 1000), int(boot["max_spin_us"] * 1000))
-        self.spin.watch(self.srv, L["server.crowded"])  # the coordinator's cpu_watch
+        self.spin.watch(self.ctl, L["control.crowded"])  # the coordinator's cpu_watch
         self.coordinator_pid = boot["coordinator_pid"]
         # {client_id: (lease, Segment, ArenaLayout)}; (lease, None, None): that live
         # lease's arena cannot be mapped (its header is not its own): not tried again
