@@ -265,6 +265,23 @@ static void forget_taken(BatcherCore *self, uint32_t n_taken) {
   }
 }
 
+/* Client entry c's submission ring, as drain_rings and rings_waiting read it:
+ * LEASE_RING (*r, *seg, *arena and *lease set), LEASE_NONE (no live lease, or one whose
+ * arena cannot be mapped), LEASE_UNMAPPED (live, its arena not mapped here yet: Python
+ * maps it), or -1 with an exception. */
+enum { LEASE_NONE = 0, LEASE_UNMAPPED = 1, LEASE_RING = 2 };
+static int lease_ring(BatcherCore *self, PyObject *arenas, shms_client_entry *ce, uint32_t c,
+                      shms_ring *r, PyObject **seg, Mapping **arena, uint32_t *lease) {
+  /* SYNC POINT: as ServerMaps.lease_of: the seq_cst load of the state pairs with the
+   * coordinator's store of ALIVE (write_client_entry) and of DEAD. */
+  if (shms_load(&ce->state, memory_order_seq_cst) != SHMS_CLIENT_ALIVE) return LEASE_NONE;
+  *lease = __atomic_load_n(&ce->generation, __ATOMIC_RELAXED);
+  *arena = NULL;
+  if (!(*seg = mapped_arena(arenas, c, *lease, arena))) return PyErr_Occurred() ? -1 : LEASE_UNMAPPED;
+  if (!*arena) return LEASE_NONE; /* its arena cannot be mapped: nothing of it is served */
+  return shms_py_ring_view(*arena, self->ring_offset, self->capacity, r) < 0 ? -1 : LEASE_RING;
+}
+
 /* drain(start, count, arenas) -> (visited, [(model_id, Pending, extra)], stop, consumed)
  * Takes every published entry of the submission rings of the live leases start,
  * start + 1, ... (count of them, modulo max_clients), each ring from its position in
@@ -311,20 +328,17 @@ static int drain_rings(BatcherCore *self, uint32_t start, uint32_t count, PyObje
   for (; visited < count && !stop; visited++) {
     const uint32_t c = (uint32_t)(((uint64_t)start + visited) % self->max_clients);
     shms_client_entry *ce = &clients[c];
-    /* SYNC POINT: as ServerMaps.lease_of: the seq_cst load of the state pairs with the
-     * coordinator's store of ALIVE (write_client_entry) and of DEAD. */
-    if (shms_load(&ce->state, memory_order_seq_cst) != SHMS_CLIENT_ALIVE) continue;
-    uint32_t lease = __atomic_load_n(&ce->generation, __ATOMIC_RELAXED);
-    Mapping *arena = NULL;
-    PyObject *seg = mapped_arena(arenas, c, lease, &arena);
-    if (!seg) {
-      if (PyErr_Occurred()) goto fail;
+    shms_ring r;
+    PyObject *seg;
+    Mapping *arena;
+    uint32_t lease;
+    int has = lease_ring(self, arenas, ce, c, &r, &seg, &arena, &lease);
+    if (has < 0) goto fail;
+    if (has == LEASE_NONE) continue;
+    if (has == LEASE_UNMAPPED) {
       stop = Py_BuildValue("(iI)", STOP_MAP, c);
       break;
     }
-    if (!arena) continue; /* its arena cannot be mapped: nothing of it is served */
-    shms_ring r;
-    if (shms_py_ring_view(arena, self->ring_offset, self->capacity, &r) < 0) goto fail;
     const uint64_t p0 = shms_load(&ce->ring_pos, memory_order_relaxed);
     uint64_t p = p0;
     if (shms_load(r.enqueue_pos, memory_order_acquire) - p > r.capacity) {
@@ -476,15 +490,13 @@ static int rings_waiting(BatcherCore *self, PyObject *arenas) {
   if (!clients) return -1;
   for (uint32_t c = 0; c < self->max_clients; c++) {
     shms_client_entry *ce = &clients[c];
-    if (shms_load(&ce->state, memory_order_seq_cst) != SHMS_CLIENT_ALIVE) continue;
-    Mapping *arena = NULL;
-    if (!mapped_arena(arenas, c, __atomic_load_n(&ce->generation, __ATOMIC_RELAXED), &arena)) {
-      if (PyErr_Occurred()) return -1;
-      continue; /* not mapped here yet: the next drain maps it */
-    }
-    if (!arena) continue; /* cannot be mapped */
     shms_ring r;
-    if (shms_py_ring_view(arena, self->ring_offset, self->capacity, &r) < 0) return -1;
+    PyObject *seg;
+    Mapping *arena;
+    uint32_t lease;
+    int has = lease_ring(self, arenas, ce, c, &r, &seg, &arena, &lease);
+    if (has < 0) return -1;
+    if (has != LEASE_RING) continue; /* one not mapped yet: the next drain maps it */
     /* a published head: a claim still being written (or stalled) rang nobody yet */
     uint64_t pos = shms_load(&ce->ring_pos, memory_order_relaxed);
     if (shms_load(&r.cells[pos & (r.capacity - 1)].seq, memory_order_acquire) == pos + 1) return 1;

@@ -1,9 +1,9 @@
 """Intake: the batcher's trust boundary. Everything a client wrote is read here and
 nowhere else in the batcher: the submission rings in the clients' arenas (drained in
-turn, a stalled claim or damaged head skipped), each request's descriptor (copied and validated in C: on the common path
-by BatcherCore.drain, one call per pass for every request published; else take()),
-the slot states of live leases (swept for requests the ring lost, and after a
-restart for those the previous batcher held).
+turn, a stalled claim or damaged head skipped), each request's descriptor (copied and
+validated in C: on the common path by BatcherCore.drain, one call per pass for every
+request published; else take()), the slot states of live leases (swept for requests
+the rings lost, and after a restart for those the previous batcher held).
 
 What comes out is a validated queue entry (scheduling.Pending), handed to the
 scheduler of its model; intake answers itself every request refused before it reaches
@@ -139,7 +139,7 @@ class Intake:
                 ring = self.ring_of(client_id)
                 if ring is None:
                     advance = True
-                elif kind == POP_STALLED and not self.may_skip_claim(client_id, ring, head_seq):
+                elif kind == POP_STALLED and not self.may_skip_claim(client_id, ring):
                     stalled.add(client_id)
                     advance = True
                 elif ring.skip(head_seq):
@@ -291,7 +291,7 @@ class Intake:
         self.maps.record_answers(model_id, [(int(r.status), p.arrived_ns)], int(r.reason))
         p.arena.ops.complete(p.slot_off, p.generation, int(r.status), r.message, [])
 
-    def may_skip_claim(self, client_id: int, ring: RingConsumer, head_seq: int) -> bool:
+    def may_skip_claim(self, client_id: int, ring: RingConsumer) -> bool:
         """The head of a client's ring is claimed and not published. Skip it once it
         has held the head for RING_STALL_NS: then the owner's publish fails and a live
         client pushes again. Only that client's own requests wait meanwhile."""
